@@ -1,0 +1,40 @@
+# Thin wrapper over CMake: the commands a newcomer types.
+#   make run    - install dependencies, build, generate the demo model, generate text
+#   make test   - build and run the whole suite, then the unit tests under ASan+UBSan
+
+JOBS ?= $(shell nproc)
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+DEMO_MODEL ?= demo/demo-q8_0.gguf
+PROMPT ?= Once upon a time
+
+.PHONY: all deps build asan run test test-asan demo clean
+
+all: build
+
+deps:
+	@tools/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+asan: deps
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSB_SANITIZE=ON >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+
+$(DEMO_MODEL): | build
+	@mkdir -p $(dir $(DEMO_MODEL))
+	$(BUILD)/switchboard gen-model --out $(DEMO_MODEL) --type q8_0 --dim 256 --hidden 768 --layers 4 --heads 8 --kv-heads 4 --vocab 512 --ctx 1024 --seed 42
+
+demo: build $(DEMO_MODEL)
+
+run: demo
+	$(BUILD)/switchboard run -m $(DEMO_MODEL) -p "$(PROMPT)" -n 64 --temp 0.8 --seed 1
+
+test: build asan
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -L unit
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) demo

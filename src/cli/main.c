@@ -1,0 +1,100 @@
+/*
+ * main.c - the `switchboard` command: dispatches to one subcommand per file
+ * (cmd_*.c) and holds the option parsing they share.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+
+static const char usage[] =
+    "usage: switchboard <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  run        generate text:  run -m FILE -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P]\n"
+    "             [--min-p P] [--repeat-penalty R] [--seed S] [--threads N] [--ctx N] [--stop S] [--json]\n"
+    "  info       print the metadata and tensor table of a GGUF file:  info FILE\n"
+    "  tokenize   print token ids as a JSON array:  tokenize -m FILE [--no-bos] [--special] [--pieces] TEXT\n"
+    "  gen-model  write a random llama model:  gen-model --out FILE [--type f32|f16|bf16|q8_0|q4_0|...]\n"
+    "             [--dim N] [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N] [--seed S]\n";
+
+int sb_cli_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("switchboard: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 1;
+}
+
+static void usage_error(const char *fmt, const char *arg) {
+    fputs("switchboard: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs(" (see 'switchboard --help')\n", stderr);
+    exit(SB_EXIT_USAGE);
+}
+
+bool sb_cli_opt(int argc, char **argv, int *i, const char *name, const char **value) {
+    if (strcmp(argv[*i], name) != 0)
+        return false;
+    if (*i + 1 >= argc)
+        usage_error("option %s needs a value", name);
+    *value = argv[++*i];
+    return true;
+}
+
+int64_t sb_cli_int(const char *opt, const char *value, int64_t min, int64_t max) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(value, &end, 10);
+    if (errno || end == value || *end || v < min || v > max) {
+        fprintf(stderr, "switchboard: option %s: '%s' is not an integer in [%lld, %lld]\n", opt, value,
+                (long long)min, (long long)max);
+        exit(SB_EXIT_USAGE);
+    }
+    return v;
+}
+
+float sb_cli_float(const char *opt, const char *value) {
+    char *end;
+    errno = 0;
+    float v = strtof(value, &end);
+    if (errno || end == value || *end || !isfinite(v)) {
+        fprintf(stderr, "switchboard: option %s: '%s' is not a number\n", opt, value);
+        exit(SB_EXIT_USAGE);
+    }
+    return v;
+}
+
+double sb_cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+    static const struct {
+        const char *name;
+        int (*fn)(int, char **);
+    } commands[] = {
+        {"run", sb_cmd_run},
+        {"info", sb_cmd_info},
+        {"tokenize", sb_cmd_tokenize},
+        {"gen-model", sb_cmd_gen_model},
+    };
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? SB_EXIT_USAGE : 0;
+    }
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].fn(argc - 1, argv + 1);
+    usage_error("unknown command '%s'", argv[1]);
+    return SB_EXIT_USAGE;
+}

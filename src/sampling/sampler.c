@@ -1,0 +1,404 @@
+/*
+ * sampler.c - picks the next token from a vector of logits.
+ *
+ * The pipeline is llama.cpp's default chain, so users get the behaviour they
+ * know: repetition penalties over a window of recent tokens, then either the
+ * greedy argmax (temperature 0) or top-k -> top-p -> min-p -> temperature ->
+ * softmax -> a seeded random draw. Top-p and min-p see probabilities at
+ * temperature 1, as in llama.cpp.
+ *
+ * Determinism: the generator is xoshiro256** seeded through splitmix64, pure
+ * integer arithmetic. Candidates are ordered by (logit descending, id
+ * ascending), a total order, using this file's own heaps rather than qsort
+ * (whose treatment of ties differs between C libraries). The same seed and
+ * logits therefore give the same tokens on every platform, up to last-bit
+ * differences in expf or in the compiler's fusing of multiply-adds, which
+ * can only matter when a draw lands within rounding of a boundary.
+ *
+ * Cost per token: O(n_vocab) to copy and scan the logits. With top-k on,
+ * the k best are kept in a k-sized heap (O(log k) per candidate that enters
+ * it); without it, candidates are ranked lazily from a heap of the whole
+ * vocabulary, O(log n_vocab) each, only as far as top-p and min-p look.
+ * Nothing is allocated after create.
+ */
+#include <float.h>
+#include <math.h>
+
+#include "base/base.h"
+
+typedef struct {
+    int32_t id;
+    float logit; /* after penalties; the draw reuses it for the unnormalised probability */
+} candidate;
+
+struct sb_sampler {
+    sb_sampler_params params;
+    int32_t n_vocab;
+    candidate *heap;     /* (n_vocab) token i at index i, then a heap of the candidates */
+    candidate *ranked;   /* (n_vocab) candidates in best-first order, as far as ranked */
+    int32_t *recent;     /* (repeat_last_n) ring of the last accepted tokens; NULL if no penalty */
+    int32_t n_recent;    /* tokens in the ring, <= repeat_last_n */
+    int32_t recent_next; /* slot the next accepted token overwrites */
+    int32_t *counts;     /* (n_vocab) occurrences of each token in the ring; NULL if no penalty */
+    uint64_t rng[4];     /* xoshiro256** state */
+};
+
+/* ---- random numbers ---------------------------------------------------- */
+
+/* splitmix64 spreads one 64-bit seed over the generator's 256-bit state, so
+ * that nearby seeds (0, 1, 2...) still start far apart. */
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += UINT64_C(0x9e3779b97f4a7c15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+/* xoshiro256** (Blackman & Vigna, 2018). */
+static uint64_t rng_next(uint64_t s[4]) {
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+/* Uniform in [0, 1) with the 53 bits a double holds. */
+static double rng_uniform(uint64_t s[4]) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
+
+/* ---- parameters -------------------------------------------------------- */
+
+sb_sampler_params sb_sampler_default_params(void) {
+    return (sb_sampler_params){
+        .temperature = 0.8f,
+        .top_k = 40,
+        .top_p = 0.95f,
+        .min_p = 0.05f,
+        .repeat_penalty = 1.0f,
+        .repeat_last_n = 64,
+        .frequency_penalty = 0.0f,
+        .presence_penalty = 0.0f,
+        .seed = 0,
+    };
+}
+
+/* The checks are written as !(valid) so that NaN, which fails every
+ * comparison, is rejected as well. */
+static sb_status check_params(const sb_sampler_params *p, int32_t n_vocab, sb_error *err) {
+    if (n_vocab <= 0)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sampler: n_vocab must be > 0, got %d", (int)n_vocab);
+    if (!(p->temperature >= 0.0f && isfinite(p->temperature)))
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sampler: temperature must be finite and >= 0 (0 = greedy), got %g",
+                       (double)p->temperature);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sampler: top_p must be in (0, 1], got %g", (double)p->top_p);
+    if (!(p->min_p <= 1.0f))
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sampler: min_p must be <= 1 (<= 0 = off), got %g", (double)p->min_p);
+    if (!(p->repeat_penalty > 0.0f && isfinite(p->repeat_penalty)))
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sampler: repeat_penalty must be finite and > 0 (1 = off), got %g",
+                       (double)p->repeat_penalty);
+    if (p->repeat_last_n < 0)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sampler: repeat_last_n must be >= 0 (0 = off), got %d",
+                       (int)p->repeat_last_n);
+    if (!isfinite(p->frequency_penalty))
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sampler: frequency_penalty must be finite, got %g",
+                       (double)p->frequency_penalty);
+    if (!isfinite(p->presence_penalty))
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sampler: presence_penalty must be finite, got %g",
+                       (double)p->presence_penalty);
+    return SB_OK;
+}
+
+/* Whether any penalty can change a logit; if none can, no history is kept. */
+static bool penalizes(const sb_sampler_params *p) {
+    return p->repeat_last_n > 0 &&
+           (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f);
+}
+
+/* ---- lifecycle --------------------------------------------------------- */
+
+/* NULL params means sb_sampler_default_params(). */
+sb_status sb_sampler_create(const sb_sampler_params *params, int32_t n_vocab, sb_sampler_t **out,
+                            sb_error *err) {
+    *out = NULL;
+    sb_sampler_params p = params ? *params : sb_sampler_default_params();
+    sb_status status = check_params(&p, n_vocab, err);
+    if (status != SB_OK)
+        return status;
+
+    sb_sampler_t *s = sb_calloc(1, sizeof(*s));
+    if (!s)
+        return sb_fail(err, SB_ERR_NOMEM, "sampler: out of memory");
+    s->params = p;
+    s->n_vocab = n_vocab;
+    s->heap = sb_calloc((size_t)n_vocab, sizeof(*s->heap));
+    s->ranked = sb_calloc((size_t)n_vocab, sizeof(*s->ranked));
+    bool ok = s->heap && s->ranked;
+    if (ok && penalizes(&p)) {
+        s->recent = sb_calloc((size_t)p.repeat_last_n, sizeof(*s->recent));
+        s->counts = sb_calloc((size_t)n_vocab, sizeof(*s->counts));
+        ok = s->recent && s->counts;
+    }
+    if (!ok) {
+        sb_sampler_free(s);
+        return sb_fail(err, SB_ERR_NOMEM, "sampler: out of memory for a vocabulary of %d tokens", (int)n_vocab);
+    }
+    uint64_t seed = p.seed;
+    for (size_t i = 0; i < SB_ARRAY_LEN(s->rng); i++)
+        s->rng[i] = splitmix64(&seed);
+    *out = s;
+    return SB_OK;
+}
+
+void sb_sampler_free(sb_sampler_t *s) {
+    if (!s)
+        return;
+    sb_free(s->heap);
+    sb_free(s->ranked);
+    sb_free(s->recent);
+    sb_free(s->counts);
+    sb_free(s);
+}
+
+/* Ids outside the vocabulary cannot be penalised and are ignored. */
+void sb_sampler_accept(sb_sampler_t *s, int32_t token) {
+    if (!s->counts || token < 0 || token >= s->n_vocab)
+        return;
+    int32_t window = s->params.repeat_last_n;
+    if (s->n_recent == window)
+        s->counts[s->recent[s->recent_next]]--;
+    else
+        s->n_recent++;
+    s->recent[s->recent_next] = token;
+    s->counts[token]++;
+    s->recent_next = (s->recent_next + 1) % window;
+}
+
+/* ---- penalties --------------------------------------------------------- */
+
+/* Applies the llama.cpp repeat penalty and the OpenAI frequency/presence
+ * penalties to heap[], which at this point holds token i at index i. */
+static void apply_penalties(sb_sampler_t *s) {
+    if (!s->counts)
+        return;
+    const sb_sampler_params *p = &s->params;
+    /* The ring may hold a token many times, but each penalty applies once per
+     * distinct token: a handled token's count is negated, then restored. */
+    for (int32_t i = 0; i < s->n_recent; i++) {
+        int32_t token = s->recent[i];
+        int32_t count = s->counts[token];
+        if (count <= 0)
+            continue;
+        float *logit = &s->heap[token].logit;
+        *logit = *logit > 0.0f ? *logit / p->repeat_penalty : *logit * p->repeat_penalty;
+        *logit -= (float)count * p->frequency_penalty + p->presence_penalty;
+        s->counts[token] = -count;
+    }
+    for (int32_t i = 0; i < s->n_recent; i++) {
+        int32_t token = s->recent[i];
+        if (s->counts[token] < 0)
+            s->counts[token] = -s->counts[token];
+    }
+}
+
+/* Copies logits into heap[] (token i at index i), applies the penalties, and
+ * tames non-numbers: NaN becomes -inf (banned, like a masked token) and +inf
+ * the largest float, which still wins but keeps softmax arithmetic finite.
+ * Returns the greedy choice: the best token, the lowest id among ties, and
+ * token 0 if every token is banned. */
+static int32_t load_logits(sb_sampler_t *s, const float *logits) {
+    for (int32_t i = 0; i < s->n_vocab; i++)
+        s->heap[i] = (candidate){i, logits[i]};
+    apply_penalties(s);
+    int32_t best = 0;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        float v = s->heap[i].logit;
+        if (isnan(v))
+            s->heap[i].logit = -INFINITY;
+        else if (v == INFINITY)
+            s->heap[i].logit = FLT_MAX;
+        if (s->heap[i].logit > s->heap[best].logit)
+            best = i;
+    }
+    return best;
+}
+
+/* ---- ranking ----------------------------------------------------------- */
+
+/* Best-first total order: higher logit, then lower id, so that ties break
+ * the same way on every platform. */
+static bool better(candidate a, candidate b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); }
+
+/* Heaps come in two orientations: best-first ranks the whole vocabulary,
+ * worst-first keeps the k best seen so far with the one to beat at the root. */
+static bool above(candidate a, candidate b, bool worst_first) { return worst_first ? better(b, a) : better(a, b); }
+
+static void sift_down(candidate *h, size_t n, size_t i, bool worst_first) {
+    for (;;) {
+        size_t top = i, left = 2 * i + 1, right = left + 1;
+        if (left < n && above(h[left], h[top], worst_first))
+            top = left;
+        if (right < n && above(h[right], h[top], worst_first))
+            top = right;
+        if (top == i)
+            return;
+        candidate tmp = h[i];
+        h[i] = h[top];
+        h[top] = tmp;
+        i = top;
+    }
+}
+
+static void heapify(candidate *h, size_t n, bool worst_first) {
+    for (size_t i = n / 2; i-- > 0;)
+        sift_down(h, n, i, worst_first);
+}
+
+/* Removes and returns the best of the *n candidates in a best-first heap. */
+static candidate pop_best(candidate *h, size_t *n) {
+    candidate top = h[0];
+    h[0] = h[--*n];
+    sift_down(h, *n, 0, false);
+    return top;
+}
+
+/* Writes the k best unbanned candidates of c[0..n) to out[], best first, and
+ * returns how many there are (fewer than k if fewer are unbanned). Costs
+ * O(n) comparisons plus O(log k) per candidate that enters the running
+ * top k, which is rare after the first few thousand. */
+static size_t select_best(const candidate *c, size_t n, size_t k, candidate *out) {
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (c[i].logit == -INFINITY)
+            continue;
+        if (m < k) {
+            out[m++] = c[i];
+            if (m == k)
+                heapify(out, k, true);
+        } else if (better(c[i], out[0])) {
+            out[0] = c[i];
+            sift_down(out, k, 0, true);
+        }
+    }
+    if (m < k)
+        heapify(out, m, true);
+    /* Heapsort: moving the worst to the back each time leaves out[] best first. */
+    for (size_t end = m; end > 1; end--) {
+        candidate worst = out[0];
+        out[0] = out[end - 1];
+        out[end - 1] = worst;
+        sift_down(out, end - 1, 0, true);
+    }
+    return m;
+}
+
+/* ---- sampling ---------------------------------------------------------- */
+
+/* Applies top-k, top-p and min-p to the loaded candidates, whose largest
+ * logit is max (finite). Returns the survivors' count, at least one, and
+ * through *out where they are: heap[] in no order when no filter is on (the
+ * draw needs none), else ranked[] best first. Only as many candidates are
+ * ranked as the filters look at. */
+static size_t apply_filters(sb_sampler_t *s, float max, candidate **out) {
+    const sb_sampler_params *p = &s->params;
+    const size_t n_vocab = (size_t)s->n_vocab;
+    const bool top_k = p->top_k > 0 && (size_t)p->top_k < n_vocab;
+    const bool top_p = p->top_p < 1.0f;
+    const bool min_p = p->min_p > 0.0f;
+    /* Banned (-inf) tokens are dropped in every case, which also keeps the
+     * one-survivor rule from ever bringing one back. */
+    size_t n_heap = 0, n_ranked = 0;
+    if (!top_k && !top_p && !min_p) {
+        for (size_t i = 0; i < n_vocab; i++)
+            if (s->heap[i].logit > -INFINITY)
+                s->heap[n_heap++] = s->heap[i];
+        *out = s->heap;
+        return n_heap;
+    }
+
+    /* min-p keeps a token whose probability is at least min_p times the best
+     * one's, i.e. whose logit is at least max + log(min_p) <= max, so the
+     * best token always passes. */
+    const float min_logit = min_p ? max + logf(p->min_p) : -INFINITY;
+    /* top-p measures mass against what top-k kept (at temperature 1), so
+     * top-k is applied in full first; without it the reference is every
+     * token, and those below the min-p floor are counted but never ranked. */
+    double mass = 0.0;
+    if (top_k) {
+        n_ranked = select_best(s->heap, n_vocab, (size_t)p->top_k, s->ranked);
+        for (size_t i = 0; i < n_ranked; i++)
+            mass += expf(s->ranked[i].logit - max);
+    } else {
+        for (size_t i = 0; i < n_vocab; i++) {
+            float v = s->heap[i].logit;
+            mass += expf(v - max);
+            if (v > -INFINITY && v >= min_logit)
+                s->heap[n_heap++] = s->heap[i];
+        }
+        heapify(s->heap, n_heap, false);
+    }
+    const double target = top_p ? (double)p->top_p * mass : INFINITY;
+
+    /* Both top-p and min-p keep a prefix of the best-first order, so top-p
+     * followed by min-p keeps the shorter prefix: one walk stopping at the
+     * first cut gives llama.cpp's result. Without top-k, candidates are
+     * ranked lazily, as the walk reaches them. */
+    const size_t limit = top_k ? n_ranked : n_heap;
+    size_t keep = 0;
+    double cum = 0.0;
+    while (keep < limit) {
+        if (keep == n_ranked)
+            s->ranked[n_ranked++] = pop_best(s->heap, &n_heap);
+        const candidate *c = &s->ranked[keep];
+        if (c->logit < min_logit)
+            break;
+        keep++;
+        cum += expf(c->logit - max);
+        if (cum >= target)
+            break;
+    }
+    *out = s->ranked;
+    return keep;
+}
+
+/* Draws from the softmax of c[0..n) at the sampler's temperature; max is
+ * their largest logit. Overwrites the logits with their weights. */
+static int32_t draw(sb_sampler_t *s, candidate *c, size_t n, float max) {
+    const float temperature = s->params.temperature;
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        c[i].logit = expf((c[i].logit - max) / temperature);
+        total += c[i].logit;
+    }
+    const double u = rng_uniform(s->rng) * total;
+    /* Summing in the same order as total reaches u before the end unless
+     * rounding pushed u up to total; then the last weighted candidate wins. */
+    double cum = 0.0;
+    int32_t chosen = c[0].id;
+    for (size_t i = 0; i < n; i++) {
+        if (c[i].logit == 0.0f)
+            continue;
+        chosen = c[i].id;
+        cum += c[i].logit;
+        if (u < cum)
+            break;
+    }
+    return chosen;
+}
+
+int32_t sb_sampler_sample(sb_sampler_t *s, const float *logits) {
+    const int32_t best = load_logits(s, logits);
+    const float max = s->heap[best].logit;
+    /* With everything banned there is no preference: greedy's tie rule. */
+    if (s->params.temperature == 0.0f || max == -INFINITY)
+        return best;
+    candidate *survivors;
+    size_t n_survivors = apply_filters(s, max, &survivors);
+    return draw(s, survivors, n_survivors, max);
+}

@@ -1,0 +1,86 @@
+/*
+ * tensor-impl.h - what the files of the tensor module share and nothing
+ * else should use: the layouts of the 32-element block formats, and the
+ * reference (portable scalar) kernels that the traits table points at.
+ *
+ * The `_ref` kernels are the "scalar level" of the kernel dispatch: SIMD
+ * versions added later override entries of the table and are tested against
+ * these, so these stay plain and follow ggml's generic C code operation for
+ * operation (including its float evaluation order).
+ */
+#ifndef SB_TENSOR_IMPL_H
+#define SB_TENSOR_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tensor/tensor.h"
+
+/* Every float operation in the kernels rounds on its own: no fusing of a*b+c
+ * into one FMA, which compilers do by default when the target has FMA
+ * (-march=native). ggml builds its reference (de)quantizers without FMA, so
+ * fusing would change the bytes we write; and the reference kernels must
+ * give the same answer whatever the build flags. Applies to every file of
+ * the module, as each includes this header. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+/* Where the fields of a 32-element block format sit. Every such block starts
+ * with the F16 scale d; element e's quant has its low bits in qs (elements
+ * e and e+16 share byte e of a 4/5-bit qs: low nibble, high nibble) and, for
+ * 5-bit formats, its fifth bit at bit e of the little-endian 32-bit qh. */
+typedef struct sb__qfmt {
+    uint8_t size;   /* bytes per block */
+    uint8_t bits;   /* bits per quant: 4, 5 or 8 */
+    uint8_t off_qh; /* byte offset of qh; 0 if the format has none */
+    uint8_t off_qs; /* byte offset of qs */
+    int8_t bias;    /* subtracted from a stored quant to get its signed value */
+    bool has_min;   /* x = q*d + m, m the F16 after d (else x = q*d) */
+    bool has_sum;   /* Q8_1: the F16 after d is s = d*sum(q) */
+} sb__qfmt;
+
+extern const sb__qfmt sb__qfmt_q4_0, sb__qfmt_q4_1, sb__qfmt_q5_0, sb__qfmt_q5_1, sb__qfmt_q8_0, sb__qfmt_q8_1;
+
+/* Reads one block: q = the signed quants (stored value minus bias), d = the
+ * scale, m = the F16 after d (min or sum, see has_min/has_sum; else 0). */
+void sb__block_unpack(const sb__qfmt *f, const uint8_t *blk, int8_t q[SB_QK], float *d, float *m);
+
+/* Float formats (types.c). */
+void sb__f32_to_float(const void *src, float *dst, int64_t n);
+void sb__f32_from_float(const float *src, void *dst, int64_t n);
+void sb__f16_to_float(const void *src, float *dst, int64_t n);
+void sb__f16_from_float(const float *src, void *dst, int64_t n);
+void sb__bf16_to_float(const void *src, float *dst, int64_t n);
+void sb__bf16_from_float(const float *src, void *dst, int64_t n);
+
+/* Block formats (quants.c): dequantization, the reference quantizers, and
+ * the x86-backend-style activation quantizers of Q8_0/Q8_1. */
+void sb__q4_0_to_float(const void *src, float *dst, int64_t n);
+void sb__q4_1_to_float(const void *src, float *dst, int64_t n);
+void sb__q5_0_to_float(const void *src, float *dst, int64_t n);
+void sb__q5_1_to_float(const void *src, float *dst, int64_t n);
+void sb__q8_0_to_float(const void *src, float *dst, int64_t n);
+void sb__q8_1_to_float(const void *src, float *dst, int64_t n);
+void sb__q4_0_from_float_ref(const float *src, void *dst, int64_t n);
+void sb__q4_1_from_float_ref(const float *src, void *dst, int64_t n);
+void sb__q5_0_from_float_ref(const float *src, void *dst, int64_t n);
+void sb__q5_1_from_float_ref(const float *src, void *dst, int64_t n);
+void sb__q8_0_from_float_ref(const float *src, void *dst, int64_t n);
+void sb__q8_1_from_float_ref(const float *src, void *dst, int64_t n);
+void sb__q8_0_from_float_act(const float *src, void *dst, int64_t n);
+void sb__q8_1_from_float_act(const float *src, void *dst, int64_t n);
+
+/* Dot products (dot.c), named weight type _ activation type. */
+float sb__vec_dot_f32_f32_ref(int64_t n, const void *w, const void *x);
+float sb__vec_dot_f16_f16_ref(int64_t n, const void *w, const void *x);
+float sb__vec_dot_bf16_bf16_ref(int64_t n, const void *w, const void *x);
+float sb__vec_dot_q4_0_q8_0_ref(int64_t n, const void *w, const void *x);
+float sb__vec_dot_q4_1_q8_1_ref(int64_t n, const void *w, const void *x);
+float sb__vec_dot_q5_0_q8_0_ref(int64_t n, const void *w, const void *x);
+float sb__vec_dot_q5_1_q8_1_ref(int64_t n, const void *w, const void *x);
+float sb__vec_dot_q8_0_q8_0_ref(int64_t n, const void *w, const void *x);
+
+#endif

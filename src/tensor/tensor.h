@@ -1,0 +1,132 @@
+/*
+ * tensor.h - element types, quantized block layouts, and the reference
+ * (scalar) conversion and dot-product kernels.
+ *
+ * Type ids and block layouts are those of ggml, so tensors in GGUF files
+ * written by llama.cpp are used in place, byte for byte. Each type has a
+ * traits entry: block geometry, conversion to and from float, and a dot
+ * product against activations converted to the type's `vec_dot_type`
+ * (llama.cpp quantizes activations to Q8_0/Q8_1 blocks for the quantized
+ * formats and rounds them to F16 for F16 weights; matching that keeps our
+ * logits within rounding of llama.cpp's).
+ *
+ * Matrix convention: a weight matrix with ne = [n_in, n_out] is n_out rows of
+ * n_in contiguous elements; y[r] = dot(row r, x).
+ */
+#ifndef SB_TENSOR_H
+#define SB_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ggml type ids (append-only; gaps are ids ggml retired). */
+typedef enum sb_type {
+    SB_TYPE_F32 = 0,
+    SB_TYPE_F16 = 1,
+    SB_TYPE_Q4_0 = 2,
+    SB_TYPE_Q4_1 = 3,
+    SB_TYPE_Q5_0 = 6,
+    SB_TYPE_Q5_1 = 7,
+    SB_TYPE_Q8_0 = 8,
+    SB_TYPE_Q8_1 = 9,
+    SB_TYPE_Q2_K = 10,
+    SB_TYPE_Q3_K = 11,
+    SB_TYPE_Q4_K = 12,
+    SB_TYPE_Q5_K = 13,
+    SB_TYPE_Q6_K = 14,
+    SB_TYPE_Q8_K = 15,
+    SB_TYPE_IQ2_XXS = 16,
+    SB_TYPE_IQ2_XS = 17,
+    SB_TYPE_IQ3_XXS = 18,
+    SB_TYPE_IQ1_S = 19,
+    SB_TYPE_IQ4_NL = 20,
+    SB_TYPE_IQ3_S = 21,
+    SB_TYPE_IQ2_S = 22,
+    SB_TYPE_IQ4_XS = 23,
+    SB_TYPE_I8 = 24,
+    SB_TYPE_I16 = 25,
+    SB_TYPE_I32 = 26,
+    SB_TYPE_I64 = 27,
+    SB_TYPE_F64 = 28,
+    SB_TYPE_IQ1_M = 29,
+    SB_TYPE_BF16 = 30,
+    SB_TYPE_TQ1_0 = 34,
+    SB_TYPE_TQ2_0 = 35,
+    SB_TYPE_MXFP4 = 39,
+    SB_TYPE_COUNT = 40
+} sb_type;
+
+#define SB_QK 32   /* elements per block of the 32-element formats */
+#define SB_QK_K 256 /* elements per K-quant super-block */
+
+/* Block layouts (ggml-compatible). `d`/`m` are F16 bit patterns. */
+typedef struct { uint16_t d; uint8_t qs[SB_QK / 2]; } sb_block_q4_0;             /* x = (q - 8) * d */
+typedef struct { uint16_t d, m; uint8_t qs[SB_QK / 2]; } sb_block_q4_1;          /* x = q * d + m */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[SB_QK / 2]; } sb_block_q5_0;   /* x = (q - 16) * d */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[SB_QK / 2]; } sb_block_q5_1; /* x = q * d + m */
+typedef struct { uint16_t d; int8_t qs[SB_QK]; } sb_block_q8_0;                   /* x = q * d */
+typedef struct { uint16_t d, s; int8_t qs[SB_QK]; } sb_block_q8_1;                /* s = d * sum(q) */
+
+_Static_assert(sizeof(sb_block_q4_0) == 18, "q4_0 block");
+_Static_assert(sizeof(sb_block_q4_1) == 20, "q4_1 block");
+_Static_assert(sizeof(sb_block_q5_0) == 22, "q5_0 block");
+_Static_assert(sizeof(sb_block_q5_1) == 24, "q5_1 block");
+_Static_assert(sizeof(sb_block_q8_0) == 34, "q8_0 block");
+_Static_assert(sizeof(sb_block_q8_1) == 36, "q8_1 block");
+
+/* Converts n elements (a multiple of the block size) to float. */
+typedef void (*sb_to_float_fn)(const void *src, float *dst, int64_t n);
+/* Quantizes n floats (a multiple of the block size) into blocks. */
+typedef void (*sb_from_float_fn)(const float *src, void *dst, int64_t n);
+/* Dot product of n elements: a weight row of this type with an activation
+ * row already converted to this type's vec_dot_type. */
+typedef float (*sb_vec_dot_fn)(int64_t n, const void *w, const void *x);
+
+typedef struct sb_type_traits {
+    const char *name;  /* as ggml prints it: "f32", "q4_0", ... */
+    uint32_t blck_size; /* elements per block */
+    uint32_t type_size; /* bytes per block */
+    /* Compute support; NULL where switchboard cannot use the type yet. */
+    sb_to_float_fn to_float;     /* exactly ggml's dequantize_row_* */
+    sb_from_float_fn from_float; /* exactly ggml's quantize_row_*_ref (what files hold) */
+    sb_type vec_dot_type;        /* what activations are converted to for vec_dot */
+    sb_vec_dot_fn vec_dot;       /* weights of this type . activations of vec_dot_type */
+    /* How activations are converted when this type is another type's
+     * vec_dot_type: as llama.cpp's x86 CPU backend does it. Same as
+     * from_float except for Q8_0/Q8_1, where that backend scales by
+     * 127/amax and rounds ties to even; NULL if not an activation type. */
+    sb_from_float_fn act_from_float;
+} sb_type_traits;
+
+/* Traits of a type id, or NULL for an id that is not a ggml type. */
+const sb_type_traits *sb_type_traits_of(uint32_t type);
+/* True if the model code can multiply with weights of this type. */
+bool sb_type_can_matmul(uint32_t type);
+/* Bytes of a row of n elements; 0 if the type is unknown, n is negative or
+ * not a multiple of the block size, or the size does not fit in size_t. */
+size_t sb_type_row_size(sb_type type, int64_t n);
+
+/* Scalar conversions. F16: exact IEEE round-to-nearest-even, subnormals,
+ * infinities; NaN stays NaN (quieted, sign and top payload bits kept, as
+ * x86 F16C does). BF16: as ggml, nearest-even, subnormals kept, NaN quieted. */
+float sb_fp16_to_fp32(uint16_t h);
+uint16_t sb_fp32_to_fp16(float f);
+float sb_bf16_to_fp32(uint16_t h);
+uint16_t sb_fp32_to_bf16(float f);
+
+/* y[t][r] = dot(W row r, x[t]) for t < n_tok, r < n_out.
+ *   w:  weights of `type`, ne = [n_in, n_out], rows contiguous
+ *   x:  (n_tok, n_in) float, row-major
+ *   y:  (n_tok, n_out) float, row-major
+ *   work: scratch of sb_matmul_work_size(type, n_in, n_tok) bytes
+ * n_in must be a multiple of the type's block size. */
+void sb_matmul(sb_type type, const void *w, int64_t n_in, int64_t n_out, const float *x, int64_t n_tok, float *y,
+               void *work);
+size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok);
+
+/* Row `row` of a matrix of `type` with rows of n_in elements, as floats
+ * (embedding lookup). */
+void sb_get_row(sb_type type, const void *w, int64_t n_in, int64_t row, float *out);
+
+#endif

@@ -1,0 +1,221 @@
+/*
+ * test_cli.c - the `switchboard` command end to end: greedy generation of
+ * every fixture and prompt in expected.json against llama.cpp's tokens, the
+ * llama2.c story from the empty prompt, `info` on every fixture, `tokenize`,
+ * and the one-line errors for files that are not models.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#include <cmocka.h>
+
+#include "gguf/gguf.h"
+#include "model/synth.h"
+#include "testutil.h"
+
+static cJSON *expected;
+
+static int load_expected(void **state) {
+    (void)state;
+    char *text = sb_test_read_file(sb_test_fixture("models/expected.json"), NULL);
+    expected = cJSON_Parse(text);
+    free(text);
+    return expected ? 0 : -1;
+}
+
+static int free_expected(void **state) {
+    (void)state;
+    cJSON_Delete(expected);
+    return 0;
+}
+
+static char *fixture_path(const char *name) {
+    char rel[256];
+    snprintf(rel, sizeof(rel), "models/%s", name);
+    return strdup(sb_test_fixture(rel));
+}
+
+/* Runs `switchboard run ... --json` and returns its parsed output. */
+static cJSON *run_json(const char *model, const char *prompt, const char *n) {
+    const char *args[] = {"run", "-m", model, "-p", prompt, "-n", n, "--temp", "0", "--json", NULL};
+    char *out, *err;
+    int rc = sb_test_run_cli(args, &out, &err);
+    if (rc != 0)
+        fail_msg("switchboard run -m %s -p '%s' exited %d: %s", model, prompt, rc, err);
+    cJSON *j = cJSON_Parse(out);
+    if (!j)
+        fail_msg("switchboard run printed no JSON: %s", out);
+    free(out);
+    free(err);
+    return j;
+}
+
+static int count_equal_prefix(cJSON *a, cJSON *b) {
+    int n = 0;
+    while (n < cJSON_GetArraySize(a) && n < cJSON_GetArraySize(b) &&
+           cJSON_GetArrayItem(a, n)->valueint == cJSON_GetArrayItem(b, n)->valueint)
+        n++;
+    return n;
+}
+
+static void test_greedy_matches_llamacpp(void **state) {
+    (void)state;
+    cJSON *model;
+    cJSON_ArrayForEach(model, cJSON_GetObjectItem(expected, "models")) {
+        char *path = fixture_path(model->string);
+        cJSON *run;
+        cJSON_ArrayForEach(run, cJSON_GetObjectItem(model, "runs")) {
+            const char *prompt = cJSON_GetObjectItem(run, "prompt")->valuestring;
+            int robust = cJSON_GetObjectItem(run, "robust_prefix")->valueint;
+            cJSON *want = cJSON_GetObjectItem(run, "gen_ids");
+            cJSON *got = run_json(path, prompt, "64");
+            cJSON *prompt_ids = cJSON_GetObjectItem(got, "prompt_ids");
+            assert_true(cJSON_Compare(prompt_ids, cJSON_GetObjectItem(run, "prompt_ids"), true));
+            int same = count_equal_prefix(cJSON_GetObjectItem(got, "gen_ids"), want);
+            fprintf(stderr, "%-30s %-18s: %2d/64 greedy tokens equal llama.cpp's (robust prefix %d)\n",
+                    model->string, prompt, same, robust);
+            assert_true(same >= robust);
+            if (robust == 64) /* the whole text, as llama.cpp returns it */
+                assert_string_equal(cJSON_GetObjectItem(got, "text")->valuestring,
+                                    cJSON_GetObjectItem(run, "llamacpp_completion_text")->valuestring);
+            cJSON_Delete(got);
+        }
+        free(path);
+    }
+}
+
+static void test_llama2c_story(void **state) {
+    (void)state;
+    cJSON *ref = cJSON_GetObjectItem(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(expected, "models"), "stories260K.gguf"), "llama2c_reference");
+    char *path = fixture_path("stories260K.gguf");
+    cJSON *got = run_json(path, "", "200");
+    assert_true(cJSON_Compare(cJSON_GetObjectItem(got, "gen_ids"), cJSON_GetObjectItem(ref, "gen_ids"), true));
+    assert_string_equal(cJSON_GetObjectItem(got, "text")->valuestring, cJSON_GetObjectItem(ref, "text")->valuestring);
+    cJSON_Delete(got);
+    free(path);
+}
+
+static void test_info_every_fixture(void **state) {
+    (void)state;
+    const char *files[] = {"stories260K.gguf", "stories260K-f16.gguf", "stories260K-q8_0.gguf",
+                           "stories260K-q4_0.gguf", "llama2-vocab-tiny-random.gguf",
+                           "llama3-vocab-tiny-random.gguf", "qwen2-vocab-tiny-random.gguf"};
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        char *path = fixture_path(files[i]);
+        const char *args[] = {"info", path, NULL};
+        char *out, *err;
+        assert_int_equal(sb_test_run_cli(args, &out, &err), 0);
+        assert_non_null(strstr(out, "general.architecture"));
+        assert_non_null(strstr(out, "\"llama\""));
+        assert_non_null(strstr(out, "tokenizer.ggml.tokens"));
+        assert_non_null(strstr(out, "token_embd.weight"));
+        assert_non_null(strstr(out, "blk.0.attn_q.weight"));
+        free(out);
+        free(err);
+        free(path);
+    }
+    char *path = fixture_path("stories260K-q4_0.gguf");
+    const char *args[] = {"info", path, NULL};
+    char *out, *err;
+    assert_int_equal(sb_test_run_cli(args, &out, &err), 0);
+    /* name, type, shape, offset, bytes of one tensor of each type */
+    assert_non_null(strstr(out, "q4_0"));
+    assert_non_null(strstr(out, "[64, 512]"));
+    assert_non_null(strstr(out, "47 tensors"));
+    free(out);
+    free(err);
+    free(path);
+}
+
+/* Runs `switchboard run -m path` and expects failure with exactly one line
+ * on stderr containing `expect`. */
+static void expect_run_error(const char *path, const char *expect) {
+    const char *args[] = {"run", "-m", path, "-p", "hi", "-n", "4", NULL};
+    char *out, *err;
+    int rc = sb_test_run_cli(args, &out, &err);
+    assert_int_not_equal(rc, 0);
+    assert_true(rc < 128); /* exited, not killed */
+    size_t len = strlen(err);
+    assert_true(len > 0 && err[len - 1] == '\n');
+    assert_null(memchr(err, '\n', len - 1)); /* one line */
+    if (!strstr(err, expect))
+        fail_msg("expected an error mentioning '%s', got: %s", expect, err);
+    free(out);
+    free(err);
+}
+
+static void test_run_errors(void **state) {
+    (void)state;
+    char path[512];
+    expect_run_error("/nonexistent/model.gguf", "No such file");
+    expect_run_error(sb_test_tmpdir(), "directory");
+    expect_run_error(sb_test_fixture("models/README.md"), "not a GGUF file");
+    expect_run_error("/dev/null", "not a regular file");
+
+    /* A well-formed GGUF whose architecture switchboard does not know. */
+    sb_gguf_writer *w = sb_gguf_writer_create();
+    sb_gguf_set_str(w, "general.architecture", "mamba");
+    snprintf(path, sizeof(path), "%s/mamba.gguf", sb_test_tmpdir());
+    assert_int_equal(sb_gguf_writer_save(w, path, NULL), SB_OK);
+    sb_gguf_writer_free(w);
+    expect_run_error(path, "unsupported architecture 'mamba'");
+
+    snprintf(path, sizeof(path), "%s/empty.gguf", sb_test_tmpdir());
+    fclose(fopen(path, "wb"));
+    expect_run_error(path, "empty");
+}
+
+static void test_tokenize_command(void **state) {
+    (void)state;
+    char *path = fixture_path("stories260K.gguf");
+    const char *args[] = {"tokenize", "-m", path, "Once upon a time", NULL};
+    char *out, *err;
+    assert_int_equal(sb_test_run_cli(args, &out, &err), 0);
+    assert_string_equal(out, "[1,403,407,261,378]\n");
+    free(out);
+    free(err);
+    const char *args2[] = {"tokenize", "-m", path, "--no-bos", "--pieces", "Once", NULL};
+    assert_int_equal(sb_test_run_cli(args2, &out, &err), 0);
+    assert_string_equal(out, "[[403,\"\xe2\x96\x81Once\"]]\n");
+    free(out);
+    free(err);
+    free(path);
+}
+
+static void test_gen_model_runs(void **state) {
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof(path), "%s/gen.gguf", sb_test_tmpdir());
+    const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        const char *gen[] = {"gen-model", "--out", path, "--type", types[i], "--dim", "64", "--layers", "2",
+                             "--vocab", "400", "--seed", "7", NULL};
+        char *out, *err;
+        assert_int_equal(sb_test_run_cli(gen, &out, &err), 0);
+        free(out);
+        free(err);
+        cJSON *j = run_json(path, "hello world", "16");
+        int n = cJSON_GetArraySize(cJSON_GetObjectItem(j, "gen_ids"));
+        const char *stop = cJSON_GetObjectItem(j, "stop")->valuestring;
+        assert_true(n == 16 || (n < 16 && strcmp(stop, "eos") == 0));
+        cJSON_Delete(j);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_matches_llamacpp),
+        cmocka_unit_test(test_llama2c_story),
+        cmocka_unit_test(test_info_every_fixture),
+        cmocka_unit_test(test_run_errors),
+        cmocka_unit_test(test_tokenize_command),
+        cmocka_unit_test(test_gen_model_runs),
+    };
+    return cmocka_run_group_tests(tests, load_expected, free_expected);
+}
