@@ -36,20 +36,29 @@ typedef struct spm_session {
     const char *s; /* escaped text */
     symbol *sym;
     bigram *heap; /* max-heap by (score, then lower left) */
-    size_t n_heap;
+    size_t n_heap, cap_heap;
 } spm_session;
 
 static bool comes_first(const bigram *a, const bigram *b) {
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-static void heap_push(spm_session *ss, bigram b) {
+static bool heap_push(spm_session *ss, bigram b) {
+    if (ss->n_heap == ss->cap_heap) {
+        size_t cap = 2 * ss->cap_heap;
+        bigram *heap = sb_realloc(ss->heap, cap * sizeof(*heap));
+        if (!heap)
+            return false;
+        ss->heap = heap;
+        ss->cap_heap = cap;
+    }
     size_t i = ss->n_heap++;
     while (i > 0 && comes_first(&b, &ss->heap[(i - 1) / 2])) {
         ss->heap[i] = ss->heap[(i - 1) / 2];
         i = (i - 1) / 2;
     }
     ss->heap[i] = b;
+    return true;
 }
 
 static bigram heap_pop(spm_session *ss) {
@@ -70,13 +79,15 @@ static bigram heap_pop(spm_session *ss) {
     return top;
 }
 
-static void try_pair(spm_session *ss, int32_t left, int32_t right) {
+/* Queues the pair if it forms a token; false only when out of memory. */
+static bool try_pair(spm_session *ss, int32_t left, int32_t right) {
     if (left < 0 || right < 0)
-        return;
+        return true;
     uint32_t size = ss->sym[left].n + ss->sym[right].n;
+    if (size > ss->v->max_text_len)
+        return true;
     int32_t id = sb__vocab_find(ss->v, ss->s + ss->sym[left].off, size);
-    if (id >= 0)
-        heap_push(ss, (bigram){ss->v->tokens[id].score, left, right, size});
+    return id < 0 || heap_push(ss, (bigram){ss->v->tokens[id].score, left, right, size});
 }
 
 /* Bytes of the UTF-8 character a lead byte announces, as llama.cpp's
@@ -102,17 +113,11 @@ static sb_status emit_symbol(spm_session *ss, const symbol *sym, sb__tok_out *ou
     return SB_OK;
 }
 
-static sb_status merge_and_emit(spm_session *ss, uint32_t n_bytes, sb__tok_out *out, sb_error *err) {
-    int32_t n_sym = 0;
-    for (uint32_t off = 0; off < n_bytes; n_sym++) {
-        uint32_t n = SB_MIN(utf8_len((unsigned char)ss->s[off]), n_bytes - off);
-        ss->sym[n_sym] = (symbol){n_sym - 1, off + n < n_bytes ? n_sym + 1 : -1, off, n};
-        off += n;
-    }
-    for (int32_t i = 1; i < n_sym; i++)
-        try_pair(ss, i - 1, i);
-
-    while (ss->n_heap > 0) {
+static sb_status merge_and_emit(spm_session *ss, int32_t n_sym, sb__tok_out *out, sb_error *err) {
+    bool ok = true;
+    for (int32_t i = 1; ok && i < n_sym; i++)
+        ok = try_pair(ss, i - 1, i);
+    while (ok && ss->n_heap > 0) {
         bigram b = heap_pop(ss);
         symbol *l = &ss->sym[b.left], *r = &ss->sym[b.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.size)
@@ -122,9 +127,10 @@ static sb_status merge_and_emit(spm_session *ss, uint32_t n_bytes, sb__tok_out *
         l->next = r->next;
         if (r->next >= 0)
             ss->sym[r->next].prev = b.left;
-        try_pair(ss, l->prev, b.left);
-        try_pair(ss, b.left, l->next);
+        ok = try_pair(ss, l->prev, b.left) && try_pair(ss, b.left, l->next);
     }
+    if (!ok)
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory merging %d symbols", (int)n_sym);
 
     sb_status st = SB_OK;
     for (int32_t i = n_sym ? 0 : -1; st == SB_OK && i >= 0; i = ss->sym[i].next)
@@ -132,39 +138,60 @@ static sb_status merge_and_emit(spm_session *ss, uint32_t n_bytes, sb__tok_out *
     return st;
 }
 
+/* Writes the text with spaces as U+2581 (and the dummy prefix) into s, or
+ * only measures it when s is NULL; returns the length. */
+static size_t escape(const sb_vocab *v, const char *text, size_t len, bool after_special, char *s) {
+    static const char space_mark[3] = {'\xe2', '\x96', '\x81'}; /* U+2581, SentencePiece's space */
+    size_t n = 0;
+    if (after_special && v->add_space_prefix) {
+        if (s)
+            memcpy(s, space_mark, 3);
+        n = 3;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == ' ') {
+            if (s)
+                memcpy(s + n, space_mark, 3);
+            n += 3;
+        } else {
+            if (s)
+                s[n] = text[i];
+            n++;
+        }
+    }
+    return n;
+}
+
 sb_status sb__spm_encode(const sb_vocab *v, const char *text, size_t len, bool after_special, sb__tok_out *out,
                          sb_error *err) {
-    static const char space_mark[3] = {'\xe2', '\x96', '\x81'}; /* U+2581, SentencePiece's space */
-    /* Escaped length <= 3 * (len + 1); symbols <= that; queued pairs < 3 * symbols
-     * (one per initial neighbour pair, two per merge). */
-    if (len > (size_t)INT32_MAX / 9 - 1)
+    size_t n_bytes = escape(v, text, len, after_special, NULL);
+    if (n_bytes > INT32_MAX)
         return sb_fail(err, SB_ERR_INVALID_ARG, "text of %zu bytes is too long to tokenize in one piece", len);
-    size_t cap = 3 * (len + 1);
-    char *s = sb_malloc(cap);
-    symbol *sym = sb_malloc(cap * sizeof(*sym));
-    bigram *heap = sb_malloc(3 * cap * sizeof(*heap));
+    char *s = sb_malloc(n_bytes);
+    if (!s)
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory tokenizing %zu bytes", len);
+    escape(v, text, len, after_special, s);
+
+    int32_t n_sym = 0;
+    for (size_t off = 0; off < n_bytes; n_sym++)
+        off += SB_MIN(utf8_len((unsigned char)s[off]), n_bytes - off);
+    size_t cap_heap = (size_t)n_sym + 1; /* grows on demand; rarely needed */
+    spm_session ss = {v, s, sb_malloc((size_t)n_sym * sizeof(symbol)), sb_malloc(cap_heap * sizeof(bigram)), 0,
+                      cap_heap};
     sb_status st;
-    if (!s || !sym || !heap) {
+    if (!ss.sym || !ss.heap) {
         st = sb_fail(err, SB_ERR_NOMEM, "out of memory tokenizing %zu bytes", len);
     } else {
-        size_t n = 0;
-        if (after_special && v->add_space_prefix) {
-            memcpy(s, space_mark, 3);
-            n = 3;
+        uint32_t off = 0;
+        for (int32_t i = 0; i < n_sym; i++) {
+            uint32_t n = SB_MIN(utf8_len((unsigned char)s[off]), (uint32_t)n_bytes - off);
+            ss.sym[i] = (symbol){i - 1, i + 1 < n_sym ? i + 1 : -1, off, n};
+            off += n;
         }
-        for (size_t i = 0; i < len; i++) {
-            if (text[i] == ' ') {
-                memcpy(s + n, space_mark, 3);
-                n += 3;
-            } else {
-                s[n++] = text[i];
-            }
-        }
-        spm_session ss = {v, s, sym, heap, 0};
-        st = merge_and_emit(&ss, (uint32_t)n, out, err);
+        st = merge_and_emit(&ss, n_sym, out, err);
     }
     sb_free(s);
-    sb_free(sym);
-    sb_free(heap);
+    sb_free(ss.sym);
+    sb_free(ss.heap);
     return st;
 }

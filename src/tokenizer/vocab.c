@@ -150,6 +150,7 @@ static sb_status read_tokens(sb_vocab *v, const sb_gguf *g, sb_error *err) {
             t->text_len = (uint32_t)snprintf(v->text + off, empty_name_max, "[EMPTY_%d]", (int)i);
         }
         v->text[off + t->text_len] = '\0';
+        v->max_text_len = SB_MAX(v->max_text_len, t->text_len);
         off += t->text_len + 1;
         int32_t other = hash_insert(v, i);
         if (other >= 0) {
@@ -305,9 +306,8 @@ static bool contains_ci(const char *s, size_t len, const char *needle) {
  * <unk>, <s> and <|endoftext|>. */
 static void apply_phi3_rstrip(sb_vocab *v, const sb_gguf *g) {
     sb_gguf_str name;
-    const sb_gguf_kv *kv = sb_gguf_find(g, "general.name");
-    if (!kv || kv->type != SB_GGUF_STRING || sb_gguf_get_str(g, "general.name", &name, NULL) != SB_OK)
-        return;
+    if (sb_gguf_get_str(g, "general.name", &name, NULL) != SB_OK)
+        return; /* absent or not a string: not Phi-3 */
     if (!contains_ci(name.ptr, (size_t)name.len, "phi-3") && !contains_ci(name.ptr, (size_t)name.len, "phi3"))
         return;
     for (int32_t i = 0; i < v->n_tokens; i++)

@@ -104,6 +104,7 @@ struct sb_vocab {
     int32_t bos, eos, unk; /* -1 if none */
     bool add_bos, add_eos;
     bool add_space_prefix; /* SPM dummy prefix: encode " " + text, strip it when decoding */
+    uint32_t max_text_len; /* longest token string: longer runs need no lookup */
     uint32_t max_piece_len;
 };
 
