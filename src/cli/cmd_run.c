@@ -237,6 +237,7 @@ int sb_cmd_run(int argc, char **argv) {
         cJSON_Delete(j);
     } else {
         putchar('\n');
+        fflush(stdout);
     }
     fprintf(stderr, "prompt: %zu tokens in %.1f ms (%.1f tokens/s); generation: %d tokens in %.1f ms (%.1f tokens/s)\n",
             n_prompt, (t1 - t0) * 1e3, (double)n_prompt / (t1 - t0), n_gen, (t2 - t1) * 1e3,

@@ -18,6 +18,9 @@
 
 enum { TOKEN_NORMAL = 1, TOKEN_UNKNOWN = 2, TOKEN_CONTROL = 3, TOKEN_BYTE = 6 };
 
+/* Ids below this are the three specials and the 256 byte tokens. */
+#define SYNTH_FIRST_NORMAL 259
+
 sb_synth_params sb_synth_default_params(void) {
     return (sb_synth_params){.dim = 64, .hidden = 172, .layers = 2, .heads = 8, .kv_heads = 4, .vocab = 512,
                              .ctx = 512, .type = SB_TYPE_F32, .seed = 1, .rope_base = 10000.0f,
@@ -123,9 +126,11 @@ static uint32_t file_type_of(sb_type type) {
 
 /* Adds a [n_in, n_out] tensor of N(0, std^2) values (or all `fill` when std
  * is 0), stored as `type` or, if rows do not split into its blocks, as F16
- * (what llama.cpp's quantizer does). */
+ * (what llama.cpp's quantizer does). Rows below `quiet_rows` get a quarter of
+ * the spread: in the output matrix those are the special and byte tokens,
+ * which a random model would otherwise emit as often as text. */
 static sb_status add_random(sb_gguf_writer *w, sb_rng *rng, const char *name, sb_type type, int64_t n_in,
-                            int64_t n_out, float std, float fill, sb_error *err) {
+                            int64_t n_out, float std, float fill, int64_t quiet_rows, sb_error *err) {
     const sb_type_traits *tr = sb_type_traits_of(type);
     if (n_out == 1 || n_in % tr->blck_size != 0)
         type = n_out == 1 ? SB_TYPE_F32 : SB_TYPE_F16;
@@ -140,7 +145,7 @@ static sb_status add_random(sb_gguf_writer *w, sb_rng *rng, const char *name, sb
     }
     for (int64_t r = 0; r < n_out; r++) {
         for (int64_t i = 0; i < n_in; i++)
-            row[i] = std > 0 ? std * sb_rng_normal(rng) : fill;
+            row[i] = std > 0 ? (r < quiet_rows ? 0.25f : 1.0f) * std * sb_rng_normal(rng) : fill;
         tr->from_float(row, data + (size_t)r * row_bytes, n_in);
     }
     int64_t ne[2] = {n_in, n_out};
@@ -199,7 +204,7 @@ sb_status sb_synth_build(const sb_synth_params *p, sb_gguf_writer **out, sb_erro
      * depth so that the stream does not grow layer after layer. */
     float in_std = 1.0f / sqrtf((float)p->dim), resid = 1.0f / sqrtf(2.0f * (float)p->layers);
     if (st == SB_OK)
-        st = add_random(w, &rng, "token_embd.weight", p->type, p->dim, p->vocab, 1.0f, 0, err);
+        st = add_random(w, &rng, "token_embd.weight", p->type, p->dim, p->vocab, 1.0f, 0, 0, err);
     for (int32_t l = 0; l < p->layers && st == SB_OK; l++) {
         struct {
             const char *name;
@@ -215,13 +220,14 @@ sb_status sb_synth_build(const sb_synth_params *p, sb_gguf_writer **out, sb_erro
         for (size_t j = 0; j < SB_ARRAY_LEN(spec) && st == SB_OK; j++) {
             char name[64];
             snprintf(name, sizeof(name), "blk.%d.%s.weight", l, spec[j].name);
-            st = add_random(w, &rng, name, p->type, spec[j].n_in, spec[j].n_out, spec[j].std, 1.0f, err);
+            st = add_random(w, &rng, name, p->type, spec[j].n_in, spec[j].n_out, spec[j].std, 1.0f, 0, err);
         }
     }
     if (st == SB_OK)
-        st = add_random(w, &rng, "output_norm.weight", p->type, p->dim, 1, 0, 1.0f, err);
+        st = add_random(w, &rng, "output_norm.weight", p->type, p->dim, 1, 0, 1.0f, 0, err);
     if (st == SB_OK)
-        st = add_random(w, &rng, "output.weight", p->type, p->dim, p->vocab, p->logit_scale * in_std, 0, err);
+        st = add_random(w, &rng, "output.weight", p->type, p->dim, p->vocab, p->logit_scale * in_std, 0,
+                        SYNTH_FIRST_NORMAL, err);
     if (st != SB_OK) {
         sb_gguf_writer_free(w);
         return st;
