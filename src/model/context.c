@@ -4,9 +4,11 @@
  * feed tokens through the forward pass in chunks.
  */
 #include <string.h>
+#include <unistd.h>
 
 #include "base/base.h"
 #include "model/model.h"
+#include "tensor/threadpool.h"
 
 #define SB_DEFAULT_MAX_CTX 4096
 
@@ -26,7 +28,12 @@ sb_status sb_ctx_create(const sb_model_t *model, const sb_ctx_params *params, sb
         return sb_fail(err, SB_ERR_NOMEM, "out of memory");
     c->model = model;
     c->n_ctx = p.n_ctx;
-    c->n_threads = p.n_threads;
+    int n_threads = p.n_threads ? p.n_threads : SB_MAX(1, (int)sysconf(_SC_NPROCESSORS_ONLN));
+    sb_status st = sb_threadpool_create(n_threads, &c->pool, err);
+    if (st != SB_OK) {
+        sb_ctx_free(c);
+        return st;
+    }
     size_t B = SB_MAX_BATCH;
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     size_t cache = (size_t)hp->n_layer * (size_t)p.n_ctx * kv_dim;
@@ -50,7 +57,7 @@ sb_status sb_ctx_create(const sb_model_t *model, const sb_ctx_params *params, sb
     c->att = sb_malloc(B * q_dim * sizeof(float));
     c->hb = sb_malloc(B * hp->n_ff * sizeof(float));
     c->hb2 = sb_malloc(B * hp->n_ff * sizeof(float));
-    c->scores = sb_malloc((size_t)p.n_ctx * sizeof(float));
+    c->scores = sb_malloc((size_t)n_threads * (size_t)p.n_ctx * sizeof(float));
     c->logits = sb_malloc((size_t)hp->n_vocab * sizeof(float));
     c->work = sb_malloc(work);
     if (!c->k_cache || !c->v_cache || !c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 ||
@@ -70,6 +77,7 @@ void sb_ctx_free(sb_ctx_t *c) {
     for (size_t i = 0; i < SB_ARRAY_LEN(bufs); i++)
         sb_free(bufs[i]);
     sb_free(c->work);
+    sb_threadpool_free(c->pool);
     sb_free(c);
 }
 

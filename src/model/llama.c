@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "tensor/threadpool.h"
 
 /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for one row of n. */
 static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps) {
@@ -64,34 +65,44 @@ static void softmax(float *x, int32_t n) {
 }
 
 static void matmul(sb_ctx *c, const sb_weight *w, const float *x, int32_t n_tok, float *y) {
-    sb_matmul(w->type, w->data, w->n_in, w->n_out, x, n_tok, y, c->work);
+    sb_matmul(c->pool, w->type, w->data, w->n_in, w->n_out, x, n_tok, y, c->work);
 }
 
-/* Attention of token i (at position pos) over cache positions 0..pos of one
- * layer; writes (n_head*head_dim) values to out. */
-static void attend(sb_ctx *c, const float *q, const float *k_layer, const float *v_layer, int32_t pos, float *out) {
+/* One layer's causal attention for a chunk of tokens, parallel over
+ * (token, head) pairs. */
+typedef struct attention_job {
+    sb_ctx *c;
+    const float *k_layer, *v_layer; /* (n_ctx, n_head_kv*head_dim) */
+    int32_t pos0;                   /* position of the chunk's first token */
+} attention_job;
+
+/* Head h of token i (pair = i*n_head + h) attends over cache positions
+ * 0..pos0+i; writes head_dim values of c->att. */
+static void attend_head(void *arg, int64_t pair, int ith) {
+    const attention_job *j = arg;
+    sb_ctx *c = j->c;
     const sb_hparams *hp = &c->model->hp;
-    int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, group = hp->n_head / hp->n_head_kv;
+    int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, q_dim = hp->n_head * hd;
+    int32_t i = (int32_t)(pair / hp->n_head), h = (int32_t)(pair % hp->n_head);
+    int32_t pos = j->pos0 + i, kvh = h / (hp->n_head / hp->n_head_kv); /* GQA: query heads share a KV head */
+    const float *qh = c->q + (size_t)i * q_dim + (size_t)h * hd;
+    float *scores = c->scores + (size_t)ith * c->n_ctx;
     float scale = 1.0f / sqrtf((float)hd);
-    for (int32_t h = 0; h < hp->n_head; h++) {
-        const float *qh = q + (size_t)h * hd;
-        int32_t kvh = h / group; /* GQA: query heads share a KV head */
-        for (int32_t t = 0; t <= pos; t++) {
-            const float *kt = k_layer + (size_t)t * kv_dim + (size_t)kvh * hd;
-            float dot = 0.0f;
-            for (int32_t i = 0; i < hd; i++)
-                dot += qh[i] * kt[i];
-            c->scores[t] = dot * scale;
-        }
-        softmax(c->scores, pos + 1);
-        float *oh = out + (size_t)h * hd;
-        memset(oh, 0, (size_t)hd * sizeof(float));
-        for (int32_t t = 0; t <= pos; t++) {
-            const float *vt = v_layer + (size_t)t * kv_dim + (size_t)kvh * hd;
-            float a = c->scores[t];
-            for (int32_t i = 0; i < hd; i++)
-                oh[i] += a * vt[i];
-        }
+    for (int32_t t = 0; t <= pos; t++) {
+        const float *kt = j->k_layer + (size_t)t * kv_dim + (size_t)kvh * hd;
+        float dot = 0.0f;
+        for (int32_t e = 0; e < hd; e++)
+            dot += qh[e] * kt[e];
+        scores[t] = dot * scale;
+    }
+    softmax(scores, pos + 1);
+    float *oh = c->att + (size_t)i * q_dim + (size_t)h * hd;
+    memset(oh, 0, (size_t)hd * sizeof(float));
+    for (int32_t t = 0; t <= pos; t++) {
+        const float *vt = j->v_layer + (size_t)t * kv_dim + (size_t)kvh * hd;
+        float a = scores[t];
+        for (int32_t e = 0; e < hd; e++)
+            oh[e] += a * vt[e];
     }
 }
 
@@ -123,8 +134,8 @@ void sb_llama_forward(sb_ctx *c, const int32_t *tokens, int32_t n) {
             memcpy(k_layer + (size_t)pos * kv_dim, c->k + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float));
             memcpy(v_layer + (size_t)pos * kv_dim, c->v + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float));
         }
-        for (int32_t i = 0; i < n; i++)
-            attend(c, c->q + (size_t)i * q_dim, k_layer, v_layer, pos0 + i, c->att + (size_t)i * q_dim);
+        attention_job aj = {c, k_layer, v_layer, pos0};
+        sb_threadpool_for(c->pool, (int64_t)n * hp->n_head, attend_head, &aj);
         matmul(c, &ly->wo, c->att, n, c->xb);
         for (size_t j = 0; j < (size_t)n * dim; j++)
             c->x[j] += c->xb[j];

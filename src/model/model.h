@@ -74,7 +74,7 @@ struct sb_ctx {
     const struct sb_model *model;
     int32_t n_ctx;
     int32_t n_past;
-    int32_t n_threads;
+    sb_threadpool *pool; /* n_threads workers, the caller included */
     /* KV cache, F32: (n_layer, n_ctx, n_head_kv*head_dim) each. */
     float *k_cache;
     float *v_cache;
@@ -87,7 +87,7 @@ struct sb_ctx {
     float *att;    /* (batch, n_head*head_dim) attention output */
     float *hb;     /* (batch, n_ff) */
     float *hb2;    /* (batch, n_ff) */
-    float *scores; /* (n_ctx) one head's attention weights */
+    float *scores; /* (n_threads, n_ctx) one head's attention weights per thread */
     float *logits; /* (n_vocab) after the last token */
     bool has_logits;
     void *work;    /* sb_matmul scratch */

@@ -1,15 +1,17 @@
 /*
- * matmul.c - matrix times activations, and row lookup, on top of the type
- * table's kernels.
+ * matmul.c - matrix times activations on the thread pool, and row lookup.
  *
- * This is the reference path: one thread, the table's scalar kernels. Each
- * activation row is converted once to the weights' vec_dot_type (as
- * llama.cpp's CPU backend does before its dot products), then every output
- * is one vec_dot. Threaded and SIMD versions are checked against it.
+ * Two parallel loops: every activation row is converted once to the weights'
+ * vec_dot_type (as llama.cpp's CPU backend does before its dot products),
+ * then the weight rows are cut into chunks that threads claim one at a time;
+ * a chunk computes its rows for every token, so each weight row is read from
+ * memory once per call however many tokens there are. Which thread computes
+ * a row never changes its value: results do not depend on the thread count.
  */
 #include <assert.h>
 
 #include "tensor/tensor.h"
+#include "tensor/threadpool.h"
 
 size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok) {
     const sb_type_traits *t = sb_type_traits_of(type);
@@ -17,24 +19,63 @@ size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok) {
     return sb_type_row_size(t->vec_dot_type, n_in) * (size_t)n_tok;
 }
 
-void sb_matmul(sb_type type, const void *w, int64_t n_in, int64_t n_out, const float *x, int64_t n_tok, float *y,
-               void *work) {
+typedef struct matmul_job {
+    const sb_type_traits *t, *xt;
+    const char *w;
+    size_t w_row, x_row;
+    int64_t n_in, n_out, n_tok, rows_per_chunk;
+    const float *x;
+    char *xq;
+    float *y;
+} matmul_job;
+
+static void convert_row(void *arg, int64_t tok, int ith) {
+    (void)ith;
+    const matmul_job *j = arg;
+    j->xt->act_from_float(j->x + tok * j->n_in, j->xq + (size_t)tok * j->x_row, j->n_in);
+}
+
+static void dot_rows(void *arg, int64_t chunk, int ith) {
+    (void)ith;
+    const matmul_job *j = arg;
+    int64_t r0 = chunk * j->rows_per_chunk, r1 = r0 + j->rows_per_chunk;
+    if (r1 > j->n_out)
+        r1 = j->n_out;
+    for (int64_t r = r0; r < r1; r++) {
+        const char *wr = j->w + (size_t)r * j->w_row;
+        for (int64_t tok = 0; tok < j->n_tok; tok++)
+            j->y[tok * j->n_out + r] = j->t->vec_dot(j->n_in, wr, j->xq + (size_t)tok * j->x_row);
+    }
+}
+
+/* Rows per chunk: enough chunks that a descheduled thread holds up little
+ * work (about 16 per thread), few enough that claiming costs nothing. */
+static int64_t chunk_rows(int64_t n_out, int n_threads) {
+    int64_t rows = n_out / (16 * (int64_t)n_threads);
+    rows = rows < 4 ? 4 : rows > 256 ? 256 : rows;
+    return (rows + 3) / 4 * 4;
+}
+
+void sb_matmul(sb_threadpool *tp, sb_type type, const void *w, int64_t n_in, int64_t n_out, const float *x,
+               int64_t n_tok, float *y, void *work) {
     const sb_type_traits *t = sb_type_traits_of(type);
     assert(t && t->vec_dot && n_in % t->blck_size == 0);
-    const sb_type_traits *xt = sb_type_traits_of(t->vec_dot_type);
-    const size_t w_row = sb_type_row_size(type, n_in);
-    const size_t x_row = sb_type_row_size(t->vec_dot_type, n_in);
-    char *xq = work;
-
-    for (int64_t tok = 0; tok < n_tok; tok++)
-        xt->act_from_float(x + tok * n_in, xq + (size_t)tok * x_row, n_in);
-
-    /* Row-outer: a weight row is read from memory once for all tokens. */
-    for (int64_t r = 0; r < n_out; r++) {
-        const char *wr = (const char *)w + (size_t)r * w_row;
-        for (int64_t tok = 0; tok < n_tok; tok++)
-            y[tok * n_out + r] = t->vec_dot(n_in, wr, xq + (size_t)tok * x_row);
-    }
+    matmul_job j = {
+        .t = t,
+        .xt = sb_type_traits_of(t->vec_dot_type),
+        .w = w,
+        .w_row = sb_type_row_size(type, n_in),
+        .x_row = sb_type_row_size(t->vec_dot_type, n_in),
+        .n_in = n_in,
+        .n_out = n_out,
+        .n_tok = n_tok,
+        .rows_per_chunk = chunk_rows(n_out, sb_threadpool_n_threads(tp)),
+        .x = x,
+        .xq = work,
+        .y = y,
+    };
+    sb_threadpool_for(tp, n_tok, convert_row, &j);
+    sb_threadpool_for(tp, (n_out + j.rows_per_chunk - 1) / j.rows_per_chunk, dot_rows, &j);
 }
 
 void sb_get_row(sb_type type, const void *w, int64_t n_in, int64_t row, float *out) {

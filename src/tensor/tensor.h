@@ -115,14 +115,18 @@ uint16_t sb_fp32_to_fp16(float f);
 float sb_bf16_to_fp32(uint16_t h);
 uint16_t sb_fp32_to_bf16(float f);
 
-/* y[t][r] = dot(W row r, x[t]) for t < n_tok, r < n_out.
+typedef struct sb_threadpool sb_threadpool;
+
+/* y[t][r] = dot(W row r, x[t]) for t < n_tok, r < n_out, on the pool's
+ * threads (tp may be NULL: the caller's thread only).
  *   w:  weights of `type`, ne = [n_in, n_out], rows contiguous
  *   x:  (n_tok, n_in) float, row-major
  *   y:  (n_tok, n_out) float, row-major
  *   work: scratch of sb_matmul_work_size(type, n_in, n_tok) bytes
- * n_in must be a multiple of the type's block size. */
-void sb_matmul(sb_type type, const void *w, int64_t n_in, int64_t n_out, const float *x, int64_t n_tok, float *y,
-               void *work);
+ * n_in must be a multiple of the type's block size. The result is the same
+ * for every thread count. */
+void sb_matmul(sb_threadpool *tp, sb_type type, const void *w, int64_t n_in, int64_t n_out, const float *x,
+               int64_t n_tok, float *y, void *work);
 size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok);
 
 /* Row `row` of a matrix of `type` with rows of n_in elements, as floats

@@ -616,7 +616,7 @@ static void test_float_activation_rounding(void **state) {
             want += r;
         }
         void *work = malloc(sb_matmul_work_size(types[i], 5, 1));
-        sb_matmul(types[i], w, 5, 1, x, 1, y, work);
+        sb_matmul(NULL, types[i], w, 5, 1, x, 1, y, work);
         free(work);
         /* The rounded sum (here 5), not that of the unrounded activations. */
         assert_true(y[0] == (float)want);
@@ -650,7 +650,7 @@ static void test_matmul_odd_sizes(void **state) {
                 x[k] = rng_float() * 3.0f;
             for (int64_t r = 0; r < n_out; r++)
                 t->from_float(src + r * n_in, w + (size_t)r * w_row, n_in);
-            sb_matmul(type, w, n_in, n_out, x, n_tok, y, work);
+            sb_matmul(NULL, type, w, n_in, n_out, x, n_tok, y, work);
 
             for (int64_t tok = 0; tok < n_tok; tok++) {
                 xt->act_from_float(x + tok * n_in, xq, n_in);

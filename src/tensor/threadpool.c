@@ -1,0 +1,182 @@
+/*
+ * threadpool.c - see threadpool.h.
+ *
+ * A loop is published as (fn, arg, n_chunks) under a sequence counter
+ * (odd while the caller writes them, a seqlock), plus a 64-bit claim word
+ * holding the loop's generation in its high half and the next chunk in its
+ * low half. A worker takes a consistent copy of the loop, then claims with a
+ * compare-and-swap that also checks the generation, so a worker descheduled
+ * anywhere in between can never run a chunk of a later loop with an earlier
+ * loop's function, or the reverse. The caller waits for the `done` count to
+ * reach n_chunks, after which the loop's memory may be reused.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "tensor/threadpool.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* Iterations an idle worker polls before it sleeps: long enough to bridge
+ * the gap between the loops of one forward step, short enough that an idle
+ * pool stops taking CPU from others within tens of microseconds. */
+#define SPIN_ITERATIONS 20000
+
+typedef struct worker {
+    sb_threadpool *tp;
+    pthread_t thread;
+    int ith;
+} worker;
+
+struct sb_threadpool {
+    int n_threads;
+    worker *workers; /* n_threads - 1 */
+
+    /* The current loop, written by the caller while `seq` is odd. */
+    _Atomic(sb_chunk_fn) fn;
+    _Atomic(void *) arg;
+    _Atomic int64_t n_chunks;
+    _Atomic uint64_t claim; /* (generation << 32) | next chunk */
+    _Atomic int64_t done;
+
+    _Atomic uint32_t seq; /* 2 * generation, odd while a loop is written */
+    atomic_bool stop;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+};
+
+/* Claims and runs chunks of loop `gen` until none is left. */
+static void run_chunks(sb_threadpool *tp, uint32_t gen, sb_chunk_fn fn, void *arg, int64_t n_chunks, int ith) {
+    uint64_t cur = atomic_load_explicit(&tp->claim, memory_order_acquire);
+    for (;;) {
+        if ((uint32_t)(cur >> 32) != gen)
+            return;
+        int64_t chunk = (int64_t)(cur & 0xffffffffu);
+        if (chunk >= n_chunks)
+            return;
+        if (!atomic_compare_exchange_weak_explicit(&tp->claim, &cur, cur + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        fn(arg, chunk, ith);
+        atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
+        cur = atomic_load_explicit(&tp->claim, memory_order_acquire);
+    }
+}
+
+/* A new, completely written sequence number (even and not `seen`). */
+static bool has_news(sb_threadpool *tp, uint32_t seen, uint32_t *seq) {
+    *seq = atomic_load_explicit(&tp->seq, memory_order_acquire);
+    return *seq != seen && (*seq & 1) == 0;
+}
+
+static void *worker_main(void *p) {
+    worker *w = p;
+    sb_threadpool *tp = w->tp;
+    uint32_t seen = 0, seq;
+    for (;;) {
+        for (int spins = 0; !has_news(tp, seen, &seq) && spins < SPIN_ITERATIONS; spins++)
+            cpu_relax();
+        if (!has_news(tp, seen, &seq)) {
+            pthread_mutex_lock(&tp->lock);
+            while (!has_news(tp, seen, &seq))
+                pthread_cond_wait(&tp->wake, &tp->lock);
+            pthread_mutex_unlock(&tp->lock);
+        }
+        if (atomic_load_explicit(&tp->stop, memory_order_acquire))
+            return NULL;
+        sb_chunk_fn fn = atomic_load_explicit(&tp->fn, memory_order_relaxed);
+        void *arg = atomic_load_explicit(&tp->arg, memory_order_relaxed);
+        int64_t n_chunks = atomic_load_explicit(&tp->n_chunks, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&tp->seq, memory_order_relaxed) == seq) /* else torn: a later loop is being written */
+            run_chunks(tp, seq / 2, fn, arg, n_chunks, w->ith);
+        seen = seq;
+    }
+}
+
+sb_status sb_threadpool_create(int n_threads, sb_threadpool **out, sb_error *err) {
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 1024)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "thread count %d is not in 1..1024", n_threads);
+    sb_threadpool *tp = sb_calloc(1, sizeof(*tp));
+    if (!tp)
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    tp->n_threads = 1;
+    pthread_mutex_init(&tp->lock, NULL);
+    pthread_cond_init(&tp->wake, NULL);
+    if (n_threads > 1) {
+        tp->workers = sb_calloc((size_t)n_threads - 1, sizeof(worker));
+        if (!tp->workers) {
+            sb_threadpool_free(tp);
+            return sb_fail(err, SB_ERR_NOMEM, "out of memory");
+        }
+    }
+    for (int i = 1; i < n_threads; i++) {
+        worker *w = &tp->workers[i - 1];
+        w->tp = tp;
+        w->ith = i;
+        if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+            sb_threadpool_free(tp);
+            return sb_fail(err, SB_ERR_NOMEM, "cannot start worker thread %d of %d", i, n_threads);
+        }
+        tp->n_threads++;
+    }
+    *out = tp;
+    return SB_OK;
+}
+
+/* Writes a loop (or the stop request) for the workers and wakes them.
+ * Returns the loop's generation. */
+static uint32_t publish(sb_threadpool *tp, sb_chunk_fn fn, void *arg, int64_t n_chunks) {
+    uint32_t seq = atomic_load_explicit(&tp->seq, memory_order_relaxed);
+    atomic_store_explicit(&tp->seq, seq + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    uint32_t gen = (seq + 2) / 2;
+    atomic_store_explicit(&tp->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&tp->arg, arg, memory_order_relaxed);
+    atomic_store_explicit(&tp->n_chunks, n_chunks, memory_order_relaxed);
+    atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&tp->claim, (uint64_t)gen << 32, memory_order_relaxed);
+    pthread_mutex_lock(&tp->lock);
+    atomic_store_explicit(&tp->seq, seq + 2, memory_order_release);
+    pthread_cond_broadcast(&tp->wake);
+    pthread_mutex_unlock(&tp->lock);
+    return gen;
+}
+
+void sb_threadpool_free(sb_threadpool *tp) {
+    if (!tp)
+        return;
+    atomic_store(&tp->stop, true);
+    publish(tp, NULL, NULL, 0);
+    for (int i = 1; i < tp->n_threads; i++)
+        pthread_join(tp->workers[i - 1].thread, NULL);
+    pthread_mutex_destroy(&tp->lock);
+    pthread_cond_destroy(&tp->wake);
+    sb_free(tp->workers);
+    sb_free(tp);
+}
+
+int sb_threadpool_n_threads(const sb_threadpool *tp) { return tp ? tp->n_threads : 1; }
+
+void sb_threadpool_for(sb_threadpool *tp, int64_t n_chunks, sb_chunk_fn fn, void *arg) {
+    if (n_chunks <= 0)
+        return;
+    if (!tp || tp->n_threads == 1 || n_chunks == 1) {
+        for (int64_t c = 0; c < n_chunks; c++)
+            fn(arg, c, 0);
+        return;
+    }
+    uint32_t gen = publish(tp, fn, arg, n_chunks);
+    run_chunks(tp, gen, fn, arg, n_chunks, 0);
+    while (atomic_load_explicit(&tp->done, memory_order_acquire) < n_chunks)
+        cpu_relax();
+}

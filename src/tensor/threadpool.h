@@ -1,0 +1,39 @@
+/*
+ * threadpool.h - a persistent pool of worker threads for data-parallel
+ * loops: matrix products, attention, activation quantization.
+ *
+ * Work is a loop of n chunks; threads claim chunks one at a time from a
+ * shared counter, so a thread that the OS deschedules (a busy neighbour on a
+ * shared machine) delays the loop by at most the chunk it holds, not by a
+ * fixed share of the work. The loop is finished when every chunk is done,
+ * not when every thread has checked in: a worker that wakes up late finds
+ * nothing left and goes back to waiting. Idle workers spin briefly (the next
+ * loop of a forward pass follows within microseconds) and then sleep.
+ *
+ * One thread at a time may call sb_threadpool_for on a pool (the pool of an
+ * inference context belongs to that context).
+ */
+#ifndef SB_THREADPOOL_H
+#define SB_THREADPOOL_H
+
+#include <stdint.h>
+
+#include "switchboard.h"
+
+typedef struct sb_threadpool sb_threadpool;
+
+/* A loop body: runs chunk `chunk` of the loop on thread `ith` (0 = the
+ * caller; < n_threads), which may use per-thread scratch indexed by ith. */
+typedef void (*sb_chunk_fn)(void *arg, int64_t chunk, int ith);
+
+/* n_threads counts the caller: 1 starts no workers. */
+sb_status sb_threadpool_create(int n_threads, sb_threadpool **out, sb_error *err);
+void sb_threadpool_free(sb_threadpool *tp);
+int sb_threadpool_n_threads(const sb_threadpool *tp); /* 1 for NULL */
+
+/* Runs fn(arg, c, ith) for every c in [0, n_chunks) across the pool, the
+ * caller included, and returns when all have finished. tp may be NULL
+ * (everything runs on the caller). */
+void sb_threadpool_for(sb_threadpool *tp, int64_t n_chunks, sb_chunk_fn fn, void *arg);
+
+#endif

@@ -1,0 +1,112 @@
+/*
+ * test_threadpool.c - the persistent thread pool: every chunk of every loop
+ * runs exactly once, on a valid thread index, across thousands of loops of
+ * varying sizes; a slow chunk does not stop other threads from taking the
+ * rest; and model outputs do not depend on the thread count.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "switchboard.h"
+#include "tensor/threadpool.h"
+#include "testutil.h"
+
+typedef struct counting {
+    _Atomic int hits[1000];
+    _Atomic int bad_ith;
+    int n_threads;
+    int64_t slow_chunk; /* this chunk sleeps 20 ms; -1 for none */
+    _Atomic int by_thread[8];
+} counting;
+
+static void count_chunk(void *arg, int64_t chunk, int ith) {
+    counting *c = arg;
+    if (ith < 0 || ith >= c->n_threads)
+        atomic_fetch_add(&c->bad_ith, 1);
+    else
+        atomic_fetch_add(&c->by_thread[ith], 1);
+    if (chunk == c->slow_chunk)
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    atomic_fetch_add(&c->hits[chunk], 1);
+}
+
+static void test_every_chunk_once(void **state) {
+    (void)state;
+    for (int n_threads = 1; n_threads <= 4; n_threads++) {
+        sb_threadpool *tp;
+        assert_int_equal(sb_threadpool_create(n_threads, &tp, NULL), SB_OK);
+        assert_int_equal(sb_threadpool_n_threads(tp), n_threads);
+        static counting c;
+        for (int loop = 0; loop < 3000; loop++) {
+            int64_t n = 1 + (loop * 7919) % 997;
+            memset(&c, 0, sizeof(c));
+            c.n_threads = n_threads;
+            c.slow_chunk = -1;
+            sb_threadpool_for(tp, n, count_chunk, &c);
+            for (int64_t i = 0; i < n; i++)
+                assert_int_equal(c.hits[i], 1);
+            for (int64_t i = n; i < 1000; i++)
+                assert_int_equal(c.hits[i], 0);
+            assert_int_equal(c.bad_ith, 0);
+        }
+        sb_threadpool_free(tp);
+    }
+    sb_threadpool_for(NULL, 0, count_chunk, NULL); /* no chunks: no call */
+}
+
+static void test_slow_chunk_does_not_hold_the_rest(void **state) {
+    (void)state;
+    sb_threadpool *tp;
+    assert_int_equal(sb_threadpool_create(2, &tp, NULL), SB_OK);
+    static counting c;
+    memset(&c, 0, sizeof(c));
+    c.n_threads = 2;
+    c.slow_chunk = 0; /* the first chunk claimed sleeps; the other thread does the rest */
+    sb_threadpool_for(tp, 200, count_chunk, &c);
+    for (int i = 0; i < 200; i++)
+        assert_int_equal(c.hits[i], 1);
+    assert_true(c.by_thread[0] + c.by_thread[1] == 200);
+    assert_true(c.by_thread[0] >= 150 || c.by_thread[1] >= 150);
+    sb_threadpool_free(tp);
+}
+
+static void test_threads_do_not_change_logits(void **state) {
+    (void)state;
+    sb_model_t *m;
+    assert_int_equal(sb_model_load(sb_test_fixture("models/stories260K-q8_0.gguf"), &m, NULL), SB_OK);
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++)
+        toks[i] = i == 0 ? 1 : 259 + (i * 53) % 250;
+    float ref[512];
+    for (int n_threads = 1; n_threads <= 3; n_threads++) {
+        sb_ctx_params p = sb_ctx_default_params();
+        p.n_threads = n_threads;
+        sb_ctx_t *ctx;
+        assert_int_equal(sb_ctx_create(m, &p, &ctx, NULL), SB_OK);
+        assert_int_equal(sb_ctx_eval(ctx, toks, 30, NULL), SB_OK);
+        for (int i = 30; i < 40; i++)
+            assert_int_equal(sb_ctx_eval(ctx, &toks[i], 1, NULL), SB_OK);
+        if (n_threads == 1)
+            memcpy(ref, sb_ctx_logits(ctx), sizeof(ref));
+        else
+            assert_memory_equal(ref, sb_ctx_logits(ctx), sizeof(ref));
+        sb_ctx_free(ctx);
+    }
+    sb_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_chunk_once),
+        cmocka_unit_test(test_slow_chunk_does_not_hold_the_rest),
+        cmocka_unit_test(test_threads_do_not_change_logits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
