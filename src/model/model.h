@@ -1,11 +1,17 @@
 /*
- * model.h - a loaded model: hyper-parameters, weights bound to the GGUF
- * mapping, and the vocabulary; plus the inference context (KV cache and
- * scratch) that the forward pass runs in.
+ * model.h - a loaded model (hyper-parameters, weights bound to the GGUF
+ * mapping, vocabulary), the paged KV storage, and the batched forward pass
+ * that every user of the engine goes through: the single-sequence sb_ctx of
+ * the public API and the multi-sequence scheduler alike.
+ *
+ * Architectures are descriptions (sb_arch_desc) over one forward pass: the
+ * llama family's block with switches for what each family adds (QKV biases,
+ * per-head Q/K norms, fused projections, GeGLU, post-norms, soft-capping,
+ * sliding windows, NEOX rotation).
  *
  * Ownership: sb_model owns the sb_gguf (and so the mapping every weight
- * points into) and the vocabulary. sb_ctx borrows the model, which must
- * outlive it, and owns its KV cache and scratch buffers.
+ * points into) and the vocabulary. Everything else borrows the model, which
+ * must outlive it.
  */
 #ifndef SB_MODEL_H
 #define SB_MODEL_H
@@ -13,17 +19,37 @@
 #include "gguf/gguf.h"
 #include "switchboard.h"
 #include "tensor/tensor.h"
+#include "tensor/threadpool.h"
 #include "tokenizer/vocab.h"
 
 typedef struct sb_model sb_model;
 typedef struct sb_ctx sb_ctx;
 
-typedef enum sb_arch {
-    SB_ARCH_LLAMA,
-} sb_arch;
+typedef enum sb_rope_kind {
+    SB_ROPE_NORMAL, /* GGML "normal": rotate adjacent pairs (x[2i], x[2i+1]) */
+    SB_ROPE_NEOX,   /* rotate (x[i], x[i + n_rot/2]) */
+} sb_rope_kind;
+
+typedef enum sb_ffn_act {
+    SB_ACT_SILU,      /* SwiGLU: silu(gate) * up */
+    SB_ACT_GELU_TANH, /* GeGLU: gelu_tanh(gate) * up */
+} sb_ffn_act;
+
+/* What an architecture adds to the llama block. */
+typedef struct sb_arch_desc {
+    const char *name; /* general.architecture, and the prefix of its keys */
+    sb_rope_kind rope;
+    sb_ffn_act act;
+    bool qk_norm;       /* RMSNorm over each head of Q and K before RoPE (qwen3) */
+    bool fused_qkv;     /* one attn_qkv matrix (phi3) */
+    bool fused_gate_up; /* ffn_up holds gate then up (phi3) */
+    bool post_norms;    /* RMSNorm after attention and after the FFN (gemma2) */
+    bool embd_scale;    /* inputs scaled by sqrt(n_embd) (gemma) */
+    int swa_pattern;    /* > 0: layers with il % swa_pattern < swa_pattern-1 use the sliding window */
+} sb_arch_desc;
 
 typedef struct sb_hparams {
-    sb_arch arch;
+    const sb_arch_desc *arch;
     int32_t n_vocab;
     int32_t n_ctx_train;
     int32_t n_embd;    /* model width */
@@ -35,9 +61,13 @@ typedef struct sb_hparams {
     int32_t n_rot;     /* leading dims of each head that are rotated */
     float rope_freq_base;
     float rms_eps;
+    float attn_softcap;  /* 0: off; else scores = c * tanh(scores / c) */
+    float logit_softcap; /* 0: off */
+    int32_t n_swa;       /* sliding-window length for SWA layers; 0: none */
 } sb_hparams;
 
-/* A matrix (or vector when n_out == 1) inside the mapping. */
+/* A matrix, or a vector when n_out == 1, inside the mapping; data is NULL
+ * for an optional tensor the file does not have. */
 typedef struct sb_weight {
     sb_type type;
     int64_t n_in;  /* ne[0]: elements per row */
@@ -46,15 +76,18 @@ typedef struct sb_weight {
 } sb_weight;
 
 typedef struct sb_layer {
-    sb_weight attn_norm; /* (n_embd) f32 */
-    sb_weight wq;        /* (n_head*head_dim, n_embd) */
-    sb_weight wk;        /* (n_head_kv*head_dim, n_embd) */
-    sb_weight wv;        /* (n_head_kv*head_dim, n_embd) */
-    sb_weight wo;        /* (n_embd, n_head*head_dim) */
-    sb_weight ffn_norm;  /* (n_embd) f32 */
-    sb_weight w_gate;    /* (n_ff, n_embd) */
-    sb_weight w_up;      /* (n_ff, n_embd) */
-    sb_weight w_down;    /* (n_embd, n_ff) */
+    sb_weight attn_norm;                   /* (n_embd) */
+    sb_weight wq, wk, wv;                  /* (n_head*hd | n_head_kv*hd, n_embd); or wqkv */
+    sb_weight wqkv;                        /* fused (q_dim + 2*kv_dim, n_embd) */
+    sb_weight bq, bk, bv;                  /* optional biases */
+    sb_weight q_norm, k_norm;              /* (head_dim) qwen3 */
+    sb_weight wo;                          /* (n_embd, n_head*hd) */
+    sb_weight post_attn_norm;              /* (n_embd) gemma2 */
+    sb_weight ffn_norm;                    /* (n_embd) */
+    sb_weight w_gate, w_up;                /* (n_ff, n_embd); w_up is (2*n_ff) when fused */
+    sb_weight w_down;                      /* (n_embd, n_ff) */
+    sb_weight post_ffn_norm;               /* (n_embd) gemma2 */
+    bool swa;                              /* this layer uses the sliding window */
 } sb_layer;
 
 struct sb_model {
@@ -62,40 +95,95 @@ struct sb_model {
     sb_vocab *vocab;
     sb_hparams hp;
     sb_weight tok_embd;    /* (n_vocab, n_embd) */
-    sb_weight output_norm; /* (n_embd) f32 */
+    sb_weight output_norm; /* (n_embd) */
     sb_weight output;      /* (n_vocab, n_embd); tok_embd when the file ties them */
+    sb_weight rope_freqs;  /* optional (n_rot/2) divisors of the rotation frequencies (Llama 3.1) */
     sb_layer *layers;      /* n_layer */
 };
 
-/* Tokens processed per forward step when a prompt is evaluated in chunks. */
-#define SB_MAX_BATCH 512
+/* Architecture table (arch.c). */
+const sb_arch_desc *sb_arch_find(const char *name, size_t len);
+/* Reads the architecture's hyper-parameters and binds its tensors. */
+sb_status sb_arch_load(sb_model *m, sb_error *err);
+
+/* ---- paged KV storage ---------------------------------------------------- */
+
+/* Keys and values for n_blocks blocks of block_size positions each, per
+ * layer, F32. A sequence owns a list of blocks (its block table): position
+ * p lives in block table[p / block_size] at slot p % block_size. Who owns
+ * which block is the caller's business (sb_ctx: one sequence holding all;
+ * the engine: a block allocator with prefix sharing). */
+typedef struct sb_kv {
+    int32_t n_layer, kv_dim, block_size, n_blocks;
+    float *k; /* (n_layer, n_blocks, block_size, kv_dim) */
+    float *v; /* same */
+} sb_kv;
+
+sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t block_size, sb_error *err);
+void sb_kv_free(sb_kv *kv);
+
+static inline float *sb_kv_k(const sb_kv *kv, int32_t layer, int32_t block, int32_t slot) {
+    return kv->k + (((size_t)layer * kv->n_blocks + (size_t)block) * kv->block_size + (size_t)slot) * kv->kv_dim;
+}
+static inline float *sb_kv_v(const sb_kv *kv, int32_t layer, int32_t block, int32_t slot) {
+    return kv->v + (((size_t)layer * kv->n_blocks + (size_t)block) * kv->block_size + (size_t)slot) * kv->kv_dim;
+}
+
+/* ---- the batched forward pass -------------------------------------------- */
+
+/* One token of a batch: it is at position `pos` of the sequence whose
+ * blocks are `blocks`, attends to positions 0..pos of that sequence (the
+ * batch's own earlier tokens of the sequence included), and its keys and
+ * values are written at `pos`. */
+typedef struct sb_batch_token {
+    int32_t token;
+    int32_t pos;
+    const int32_t *blocks; /* the sequence's block table, covering pos */
+    bool want_logits;      /* compute the next-token logits after this token */
+} sb_batch_token;
+
+/* Scratch for batches of up to max_tokens tokens, at most max_logits of
+ * which want logits, from sequences at most max_len long; on a thread pool. */
+typedef struct sb_forward {
+    const sb_model *model;
+    sb_threadpool *pool; /* borrowed */
+    int32_t max_tokens, max_logits, max_len;
+    float *x;      /* (max_tokens, n_embd) residual stream */
+    float *xb;     /* (max_tokens, max(n_embd, q_dim)) normed input of a block */
+    float *q;      /* (max_tokens, q_dim) */
+    float *k, *v;  /* (max_tokens, kv_dim) */
+    float *att;    /* (max_tokens, q_dim) attention output */
+    float *hb;     /* (max_tokens, max(2*n_ff, q_dim + 2*kv_dim)): fused products land here */
+    float *hb2;    /* (max_tokens, n_ff) */
+    float *scores; /* (n_threads, max_len) one head's attention weights per thread */
+    float *logits; /* (max_logits, n_vocab) */
+    void *work;    /* sb_matmul scratch */
+} sb_forward;
+
+sb_status sb_forward_init(sb_forward *f, const sb_model *m, sb_threadpool *pool, int32_t max_tokens,
+                          int32_t max_logits, int32_t max_len, sb_error *err);
+void sb_forward_free(sb_forward *f);
+
+/* Runs a batch (n <= max_tokens, at most max_logits wanting logits) through
+ * the model, writing its keys and values into kv, and leaves the logits of
+ * the tokens that want them in f->logits, one row per such token, in batch
+ * order. Returns that count. */
+int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, int32_t n);
+
+/* ---- the single-sequence context of the public API ------------------------ */
 
 struct sb_ctx {
-    const struct sb_model *model;
+    const sb_model *model;
     int32_t n_ctx;
     int32_t n_past;
-    sb_threadpool *pool; /* n_threads workers, the caller included */
-    /* KV cache, F32: (n_layer, n_ctx, n_head_kv*head_dim) each. */
-    float *k_cache;
-    float *v_cache;
-    /* Scratch for one chunk of up to SB_MAX_BATCH tokens. */
-    float *x;      /* (batch, n_embd) residual stream */
-    float *xb;     /* (batch, n_embd) normed input of a block */
-    float *q;      /* (batch, n_head*head_dim) */
-    float *k;      /* (batch, n_kv*head_dim) */
-    float *v;      /* (batch, n_kv*head_dim) */
-    float *att;    /* (batch, n_head*head_dim) attention output */
-    float *hb;     /* (batch, n_ff) */
-    float *hb2;    /* (batch, n_ff) */
-    float *scores; /* (n_threads, n_ctx) one head's attention weights per thread */
-    float *logits; /* (n_vocab) after the last token */
+    sb_threadpool *pool;
+    sb_kv kv;           /* one block of n_ctx positions */
+    sb_forward fwd;
+    sb_batch_token *batch; /* (SB_MAX_BATCH) */
     bool has_logits;
-    void *work;    /* sb_matmul scratch */
 };
 
-/* Runs tokens[0..n) (n <= SB_MAX_BATCH, already known to fit) through the
- * model at positions n_past.., appends their keys and values to the cache,
- * and leaves the logits of the last token in ctx->logits. */
-void sb_llama_forward(struct sb_ctx *ctx, const int32_t *tokens, int32_t n);
+/* Tokens per forward step when a prompt is evaluated in chunks. */
+#define SB_MAX_BATCH 512
 
 #endif

@@ -1,0 +1,360 @@
+/*
+ * forward.c - the forward pass, readable top to bottom.
+ *
+ * A batch of n tokens (from one or several sequences) goes through every
+ * layer as an (n, n_embd) matrix, so each weight matrix is read once per
+ * batch rather than once per token:
+ *
+ *   x = embed(tokens)                                  (* sqrt(n_embd): gemma)
+ *   for each layer:
+ *       h = rmsnorm(x) * attn_norm
+ *       q, k, v = h Wq + bq, h Wk + bk, h Wv + bv       (one fused Wqkv: phi3)
+ *       q, k = rmsnorm per head (qwen3);  rotate q, k (RoPE, normal or NEOX)
+ *       store k, v at each token's position of its sequence (paged KV)
+ *       a = attention of each token over its sequence's positions <= its own
+ *       o = a Wo                                       (rmsnorm(o): gemma2)
+ *       x += o
+ *       h = rmsnorm(x) * ffn_norm
+ *       f = (act(h Wgate) * (h Wup)) Wdown             (rmsnorm(f): gemma2)
+ *       x += f
+ *   logits = (rmsnorm(x) * output_norm) Wout           (soft-capped: gemma2)
+ *
+ * Numerics follow ggml's CPU backend where it matters for agreement with
+ * llama.cpp: RMSNorm sums squares in double, RoPE angles are built by
+ * repeated float multiplication, softmax subtracts the max, GeGLU goes
+ * through F16 as ggml's lookup table does.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "model/model.h"
+
+/* ---- element-wise building blocks ---------------------------------------- */
+
+/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for one row of n. */
+static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps) {
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        sum += (double)(x[i] * x[i]);
+    float scale = 1.0f / sqrtf((float)(sum / n) + eps);
+    for (int32_t i = 0; i < n; i++)
+        out[i] = (x[i] * scale) * w[i];
+}
+
+/* Rotates the first n_rot dims of each of n_heads heads by pos * base^(-2i/n_rot)
+ * (divided by freq_factors[i] when given): adjacent pairs (normal) or pairs
+ * half a rotation apart (NEOX). */
+static void rope(float *vec, int32_t n_heads, int32_t head_dim, int32_t n_rot, int32_t pos, float base,
+                 sb_rope_kind kind, const float *freq_factors) {
+    float theta_scale = powf(base, -2.0f / (float)n_rot);
+    int32_t half = n_rot / 2;
+    for (int32_t h = 0; h < n_heads; h++) {
+        float *v = vec + (size_t)h * head_dim;
+        float theta = (float)pos;
+        for (int32_t i = 0; i < half; i++) {
+            float t = freq_factors ? theta / freq_factors[i] : theta;
+            float c = cosf(t), s = sinf(t);
+            int32_t i0 = kind == SB_ROPE_NEOX ? i : 2 * i, i1 = kind == SB_ROPE_NEOX ? i + half : 2 * i + 1;
+            float a = v[i0], b = v[i1];
+            v[i0] = a * c - b * s;
+            v[i1] = a * s + b * c;
+            theta *= theta_scale;
+        }
+    }
+}
+
+static void softmax(float *x, int32_t n) {
+    float max = x[0];
+    for (int32_t i = 1; i < n; i++)
+        max = x[i] > max ? x[i] : max;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int32_t i = 0; i < n; i++)
+        x[i] *= inv;
+}
+
+/* gelu with the tanh approximation, evaluated the way ggml's table does:
+ * on the F16 rounding of x, with the result rounded to F16. */
+static float gelu_f16(float x) {
+    if (x <= -10.0f)
+        return 0.0f;
+    if (x >= 10.0f)
+        return x;
+    float h = sb_fp16_to_fp32(sb_fp32_to_fp16(x));
+    float g = 0.5f * h * (1.0f + tanhf(0.7978845608028654f * h * (1.0f + 0.044715f * h * h)));
+    return sb_fp16_to_fp32(sb_fp32_to_fp16(g));
+}
+
+/* gate[i] = act(gate[i]) * up[i] */
+static void glu(float *gate, const float *up, size_t n, sb_ffn_act act) {
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = (act == SB_ACT_SILU ? g / (1.0f + expf(-g)) : gelu_f16(g)) * up[i];
+    }
+}
+
+static void add_bias(float *y, const sb_weight *b, int32_t n_tok) {
+    if (!b->data)
+        return;
+    const float *bias = b->data;
+    for (int32_t t = 0; t < n_tok; t++)
+        for (int64_t i = 0; i < b->n_in; i++)
+            y[(size_t)t * b->n_in + i] += bias[i];
+}
+
+static void softcap(float *x, size_t n, float cap) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = tanhf(x[i] * (1.0f / cap)) * cap;
+}
+
+static void matmul(sb_forward *f, const sb_weight *w, const float *x, int32_t n_tok, float *y) {
+    sb_matmul(f->pool, w->type, w->data, w->n_in, w->n_out, x, n_tok, y, f->work);
+}
+
+/* ---- attention ------------------------------------------------------------ */
+
+typedef struct attention_job {
+    sb_forward *f;
+    const sb_kv *kv;
+    const sb_batch_token *batch;
+    const sb_layer *layer;
+    int32_t il;
+    const float *q; /* (n, q_dim) */
+} attention_job;
+
+/* Head h of batch token i (pair = i*n_head + h) attends over the positions
+ * of its sequence up to its own (the last n_swa of them in a sliding-window
+ * layer); writes head_dim values of f->att. */
+static void attend_head(void *arg, int64_t pair, int ith) {
+    const attention_job *j = arg;
+    sb_forward *f = j->f;
+    const sb_hparams *hp = &f->model->hp;
+    int32_t hd = hp->head_dim, q_dim = hp->n_head * hd, bs = j->kv->block_size;
+    int32_t i = (int32_t)(pair / hp->n_head), h = (int32_t)(pair % hp->n_head);
+    const sb_batch_token *bt = &j->batch[i];
+    int32_t kvh = h / (hp->n_head / hp->n_head_kv); /* GQA: query heads share a KV head */
+    int32_t first = j->layer->swa ? SB_MAX(0, bt->pos - hp->n_swa + 1) : 0, n = bt->pos + 1 - first;
+    const float *qh = j->q + (size_t)i * q_dim + (size_t)h * hd;
+    float *scores = f->scores + (size_t)ith * f->max_len;
+    /* Soft-capped models scale q before the dot product (as llama.cpp's
+     * graph does); the others scale the dot products. */
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int32_t t = 0; t < n; t++) {
+        int32_t p = first + t;
+        const float *kt = sb_kv_k(j->kv, j->il, bt->blocks[p / bs], p % bs) + (size_t)kvh * hd;
+        float dot = 0.0f;
+        if (hp->attn_softcap > 0) {
+            for (int32_t e = 0; e < hd; e++)
+                dot += (qh[e] * scale) * kt[e];
+            scores[t] = tanhf(dot * (1.0f / hp->attn_softcap)) * hp->attn_softcap;
+        } else {
+            for (int32_t e = 0; e < hd; e++)
+                dot += qh[e] * kt[e];
+            scores[t] = dot * scale;
+        }
+    }
+    softmax(scores, n);
+    float *oh = f->att + (size_t)i * q_dim + (size_t)h * hd;
+    memset(oh, 0, (size_t)hd * sizeof(float));
+    for (int32_t t = 0; t < n; t++) {
+        int32_t p = first + t;
+        const float *vt = sb_kv_v(j->kv, j->il, bt->blocks[p / bs], p % bs) + (size_t)kvh * hd;
+        float a = scores[t];
+        for (int32_t e = 0; e < hd; e++)
+            oh[e] += a * vt[e];
+    }
+}
+
+/* ---- one layer and the whole pass ----------------------------------------- */
+
+static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, int32_t n, int32_t il) {
+    const sb_model *m = f->model;
+    const sb_hparams *hp = &m->hp;
+    const sb_arch_desc *a = hp->arch;
+    const sb_layer *ly = &m->layers[il];
+    int32_t dim = hp->n_embd, hd = hp->head_dim;
+    int32_t q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    float *q = f->q, *k = f->k, *v = f->v;
+
+    for (int32_t i = 0; i < n; i++)
+        rmsnorm(f->xb + (size_t)i * dim, f->x + (size_t)i * dim, ly->attn_norm.data, dim, hp->rms_eps);
+    if (a->fused_qkv) {
+        int32_t w = q_dim + 2 * kv_dim;
+        matmul(f, &ly->wqkv, f->xb, n, f->hb);
+        for (int32_t i = 0; i < n; i++) {
+            const float *row = f->hb + (size_t)i * w;
+            memcpy(q + (size_t)i * q_dim, row, (size_t)q_dim * sizeof(float));
+            memcpy(k + (size_t)i * kv_dim, row + q_dim, (size_t)kv_dim * sizeof(float));
+            memcpy(v + (size_t)i * kv_dim, row + q_dim + kv_dim, (size_t)kv_dim * sizeof(float));
+        }
+    } else {
+        matmul(f, &ly->wq, f->xb, n, q);
+        matmul(f, &ly->wk, f->xb, n, k);
+        matmul(f, &ly->wv, f->xb, n, v);
+    }
+    add_bias(q, &ly->bq, n);
+    add_bias(k, &ly->bk, n);
+    add_bias(v, &ly->bv, n);
+
+    const float *freq_factors = m->rope_freqs.data;
+    for (int32_t i = 0; i < n; i++) {
+        float *qi = q + (size_t)i * q_dim, *ki = k + (size_t)i * kv_dim;
+        if (a->qk_norm) {
+            for (int32_t h = 0; h < hp->n_head; h++)
+                rmsnorm(qi + (size_t)h * hd, qi + (size_t)h * hd, ly->q_norm.data, hd, hp->rms_eps);
+            for (int32_t h = 0; h < hp->n_head_kv; h++)
+                rmsnorm(ki + (size_t)h * hd, ki + (size_t)h * hd, ly->k_norm.data, hd, hp->rms_eps);
+        }
+        int32_t pos = batch[i].pos;
+        rope(qi, hp->n_head, hd, hp->n_rot, pos, hp->rope_freq_base, a->rope, freq_factors);
+        rope(ki, hp->n_head_kv, hd, hp->n_rot, pos, hp->rope_freq_base, a->rope, freq_factors);
+        int32_t block = batch[i].blocks[pos / kv->block_size], slot = pos % kv->block_size;
+        memcpy(sb_kv_k(kv, il, block, slot), ki, (size_t)kv_dim * sizeof(float));
+        memcpy(sb_kv_v(kv, il, block, slot), v + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float));
+    }
+
+    attention_job job = {f, kv, batch, ly, il, q};
+    sb_threadpool_for(f->pool, (int64_t)n * hp->n_head, attend_head, &job);
+
+    matmul(f, &ly->wo, f->att, n, f->xb);
+    if (a->post_norms)
+        for (int32_t i = 0; i < n; i++)
+            rmsnorm(f->xb + (size_t)i * dim, f->xb + (size_t)i * dim, ly->post_attn_norm.data, dim, hp->rms_eps);
+    for (size_t j = 0; j < (size_t)n * dim; j++)
+        f->x[j] += f->xb[j];
+}
+
+static void ffn_block(sb_forward *f, int32_t n, int32_t il) {
+    const sb_hparams *hp = &f->model->hp;
+    const sb_arch_desc *a = hp->arch;
+    const sb_layer *ly = &f->model->layers[il];
+    int32_t dim = hp->n_embd, ff = hp->n_ff;
+
+    for (int32_t i = 0; i < n; i++)
+        rmsnorm(f->xb + (size_t)i * dim, f->x + (size_t)i * dim, ly->ffn_norm.data, dim, hp->rms_eps);
+    if (a->fused_gate_up) {
+        /* Each row of the product is [gate | up]; compact the gates into hb2. */
+        matmul(f, &ly->w_up, f->xb, n, f->hb);
+        for (int32_t i = 0; i < n; i++) {
+            float *row = f->hb + (size_t)i * 2 * ff;
+            memcpy(f->hb2 + (size_t)i * ff, row, (size_t)ff * sizeof(float));
+            glu(f->hb2 + (size_t)i * ff, row + ff, (size_t)ff, a->act);
+        }
+        matmul(f, &ly->w_down, f->hb2, n, f->xb);
+    } else {
+        matmul(f, &ly->w_gate, f->xb, n, f->hb);
+        matmul(f, &ly->w_up, f->xb, n, f->hb2);
+        glu(f->hb, f->hb2, (size_t)n * ff, a->act);
+        matmul(f, &ly->w_down, f->hb, n, f->xb);
+    }
+    if (a->post_norms)
+        for (int32_t i = 0; i < n; i++)
+            rmsnorm(f->xb + (size_t)i * dim, f->xb + (size_t)i * dim, ly->post_ffn_norm.data, dim, hp->rms_eps);
+    for (size_t j = 0; j < (size_t)n * dim; j++)
+        f->x[j] += f->xb[j];
+}
+
+int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, int32_t n) {
+    const sb_model *m = f->model;
+    const sb_hparams *hp = &m->hp;
+    int32_t dim = hp->n_embd;
+
+    for (int32_t i = 0; i < n; i++) {
+        float *xi = f->x + (size_t)i * dim;
+        sb_get_row(m->tok_embd.type, m->tok_embd.data, dim, batch[i].token, xi);
+        if (hp->arch->embd_scale)
+            for (int32_t e = 0; e < dim; e++)
+                xi[e] *= sqrtf((float)dim);
+    }
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        attention_block(f, kv, batch, n, il);
+        ffn_block(f, n, il);
+    }
+
+    /* Only the tokens that continue a sequence need the output layer. */
+    int32_t n_out = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (batch[i].want_logits)
+            rmsnorm(f->xb + (size_t)n_out++ * dim, f->x + (size_t)i * dim, m->output_norm.data, dim, hp->rms_eps);
+    if (n_out > 0) {
+        matmul(f, &m->output, f->xb, n_out, f->logits);
+        if (hp->logit_softcap > 0)
+            softcap(f->logits, (size_t)n_out * hp->n_vocab, hp->logit_softcap);
+    }
+    return n_out;
+}
+
+/* ---- buffers ---------------------------------------------------------------- */
+
+sb_status sb_forward_init(sb_forward *f, const sb_model *m, sb_threadpool *pool, int32_t max_tokens,
+                          int32_t max_logits, int32_t max_len, sb_error *err) {
+    const sb_hparams *hp = &m->hp;
+    *f = (sb_forward){.model = m, .pool = pool, .max_tokens = max_tokens, .max_logits = max_logits,
+                      .max_len = max_len};
+    size_t B = (size_t)max_tokens;
+    size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t wide = SB_MAX(2 * (size_t)hp->n_ff, q_dim + 2 * kv_dim);
+    /* Layers may mix types (quantizers fall back per tensor), so size the
+     * matmul scratch for the largest need over every matrix. */
+    size_t work = sb_matmul_work_size(m->output.type, m->output.n_in, max_logits);
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const sb_layer *ly = &m->layers[l];
+        const sb_weight *mats[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wqkv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (size_t i = 0; i < SB_ARRAY_LEN(mats); i++)
+            if (mats[i]->data)
+                work = SB_MAX(work, sb_matmul_work_size(mats[i]->type, mats[i]->n_in, max_tokens));
+    }
+    f->x = sb_malloc(B * hp->n_embd * sizeof(float));
+    f->xb = sb_malloc(B * SB_MAX((size_t)hp->n_embd, q_dim) * sizeof(float));
+    f->q = sb_malloc(B * q_dim * sizeof(float));
+    f->k = sb_malloc(B * kv_dim * sizeof(float));
+    f->v = sb_malloc(B * kv_dim * sizeof(float));
+    f->att = sb_malloc(B * q_dim * sizeof(float));
+    f->hb = sb_malloc(B * wide * sizeof(float));
+    f->hb2 = sb_malloc(B * hp->n_ff * sizeof(float));
+    f->scores = sb_malloc((size_t)sb_threadpool_n_threads(pool) * (size_t)max_len * sizeof(float));
+    f->logits = sb_malloc((size_t)max_logits * hp->n_vocab * sizeof(float));
+    f->work = sb_malloc(work);
+    if (!f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->scores || !f->logits ||
+        !f->work) {
+        sb_forward_free(f);
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory for forward-pass buffers (%d tokens)", max_tokens);
+    }
+    return SB_OK;
+}
+
+void sb_forward_free(sb_forward *f) {
+    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->scores, f->logits};
+    for (size_t i = 0; i < SB_ARRAY_LEN(bufs); i++)
+        sb_free(bufs[i]);
+    sb_free(f->work);
+    *f = (sb_forward){0};
+}
+
+/* ---- KV storage --------------------------------------------------------------- */
+
+sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t block_size, sb_error *err) {
+    const sb_hparams *hp = &m->hp;
+    *kv = (sb_kv){.n_layer = hp->n_layer, .kv_dim = hp->n_head_kv * hp->head_dim, .block_size = block_size,
+                  .n_blocks = n_blocks};
+    size_t n = (size_t)hp->n_layer * (size_t)n_blocks * (size_t)block_size * (size_t)kv->kv_dim;
+    kv->k = sb_calloc(n, sizeof(float));
+    kv->v = sb_calloc(n, sizeof(float));
+    if (!kv->k || !kv->v) {
+        sb_kv_free(kv);
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory for a KV cache of %d x %d positions (%zu MiB)", n_blocks,
+                       block_size, 2 * n * sizeof(float) >> 20);
+    }
+    return SB_OK;
+}
+
+void sb_kv_free(sb_kv *kv) {
+    sb_free(kv->k);
+    sb_free(kv->v);
+    *kv = (sb_kv){0};
+}
