@@ -11,7 +11,8 @@
 #include "model/synth.h"
 
 static const char usage[] =
-    "usage: switchboard gen-model --out FILE [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1] [--dim N]\n"
+    "usage: switchboard gen-model --out FILE [--arch llama|qwen2|qwen3|phi3|gemma2] [--vocab-from FILE.gguf]\n"
+    "       [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1] [--dim N]\n"
     "       [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N] [--seed S]\n"
     "       [--rope-base F] [--name NAME]\n";
 
@@ -19,7 +20,8 @@ int sb_cmd_gen_model(int argc, char **argv) {
     sb_synth_params p = sb_synth_default_params();
     const char *out = NULL, *v;
     for (int i = 1; i < argc; i++) {
-        if (sb_cli_opt(argc, argv, &i, "--out", &out) || sb_cli_opt(argc, argv, &i, "--name", &p.name))
+        if (sb_cli_opt(argc, argv, &i, "--out", &out) || sb_cli_opt(argc, argv, &i, "--name", &p.name) ||
+            sb_cli_opt(argc, argv, &i, "--arch", &p.arch) || sb_cli_opt(argc, argv, &i, "--vocab-from", &p.vocab_from))
             continue;
         if (sb_cli_opt(argc, argv, &i, "--type", &v)) {
             const sb_type_traits *tr = NULL;

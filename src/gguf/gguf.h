@@ -55,6 +55,7 @@ typedef struct sb_gguf_kv {
     sb_gguf_vtype arr_type; /* element type when type == SB_GGUF_ARRAY */
     uint64_t arr_n;         /* element count when type == SB_GGUF_ARRAY */
     const uint8_t *value;   /* first byte of the value (of the first element for arrays) */
+    uint64_t value_bytes;   /* bytes from `value` to the end of the value */
     uint64_t offset;        /* file offset of the key, for messages */
 } sb_gguf_kv;
 
@@ -137,6 +138,8 @@ void sb_gguf_set_str(sb_gguf_writer *w, const char *key, const char *v);
 /* Array of fixed-size elements (n values of elem's size) or of strings. */
 void sb_gguf_set_arr(sb_gguf_writer *w, const char *key, sb_gguf_vtype elem, const void *values, uint64_t n);
 void sb_gguf_set_arr_str(sb_gguf_writer *w, const char *key, const char *const *values, uint64_t n);
+/* Copies a metadata entry of an open file (e.g. a vocabulary). */
+void sb_gguf_copy_kv(sb_gguf_writer *w, const sb_gguf_kv *kv);
 /* Adds a tensor; `data` (nbytes, already in the tensor's type) is copied. */
 void sb_gguf_add_tensor(sb_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims, const int64_t *ne,
                         const void *data, uint64_t nbytes);

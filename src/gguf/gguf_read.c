@@ -199,6 +199,7 @@ static sb_status parse(sb_gguf *g, sb_error *err, bool fill) {
         if ((st = skip_value(&c, kv.type, key, &kv.arr_type, &kv.arr_n)) != SB_OK)
             return st;
         kv.value = g->base + value_at;
+        kv.value_bytes = c.pos - value_at;
         if (str_eq(kv.key, "general.alignment")) {
             if (kv.type != SB_GGUF_UINT32)
                 return sb_fail(err, SB_ERR_FORMAT, "metadata 'general.alignment' has type %s, expected uint32",

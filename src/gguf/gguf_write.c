@@ -130,6 +130,18 @@ void sb_gguf_set_arr_str(sb_gguf_writer *w, const char *key, const char *const *
         put_str(w, &w->kv, values[i]);
 }
 
+void sb_gguf_copy_kv(sb_gguf_writer *w, const sb_gguf_kv *kv) {
+    put_u64(w, &w->kv, kv->key.len);
+    put(w, &w->kv, kv->key.ptr, kv->key.len);
+    put_u32(w, &w->kv, kv->type);
+    w->n_kv++;
+    if (kv->type == SB_GGUF_ARRAY) {
+        put_u32(w, &w->kv, kv->arr_type);
+        put_u64(w, &w->kv, kv->arr_n);
+    }
+    put(w, &w->kv, kv->value, kv->value_bytes);
+}
+
 void sb_gguf_add_tensor(sb_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims, const int64_t *ne,
                         const void *data, uint64_t nbytes) {
     if (w->failed)

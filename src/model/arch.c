@@ -14,11 +14,11 @@
 
 static const sb_arch_desc archs[] = {
     {.name = "llama", .rope = SB_ROPE_NORMAL, .act = SB_ACT_SILU},
-    {.name = "qwen2", .rope = SB_ROPE_NEOX, .act = SB_ACT_SILU},
+    {.name = "qwen2", .rope = SB_ROPE_NEOX, .act = SB_ACT_SILU, .qkv_bias = true},
     {.name = "qwen3", .rope = SB_ROPE_NEOX, .act = SB_ACT_SILU, .qk_norm = true},
     {.name = "phi3", .rope = SB_ROPE_NEOX, .act = SB_ACT_SILU, .fused_qkv = true, .fused_gate_up = true},
     {.name = "gemma2", .rope = SB_ROPE_NEOX, .act = SB_ACT_GELU_TANH, .post_norms = true, .embd_scale = true,
-     .swa_pattern = 2},
+     .swa_pattern = 2, .tied_output = true},
 };
 
 const sb_arch_desc *sb_arch_find(const char *name, size_t len) {
@@ -119,12 +119,12 @@ static sb_status bind(const sb_gguf *g, const char *name, int64_t n_in, int64_t 
     return SB_OK;
 }
 
-static sb_status bind_layer(const sb_gguf *g, const sb_hparams *hp, int32_t il, sb_layer *l, sb_error *err) {
+size_t sb_arch_layer_tensors(const sb_hparams *hp, int32_t il, sb_layer *l, sb_tensor_spec *out) {
     const sb_arch_desc *a = hp->arch;
     int64_t dim = hp->n_embd, q_dim = (int64_t)hp->n_head * hp->head_dim;
     int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim, ff = hp->n_ff;
-    struct {
-        const char *name;
+    const struct {
+        const char *suffix;
         int64_t n_in, n_out;
         bool required;
         sb_weight *w;
@@ -134,9 +134,9 @@ static sb_status bind_layer(const sb_gguf *g, const sb_hparams *hp, int32_t il, 
         {"attn_k.weight", dim, kv_dim, !a->fused_qkv, &l->wk},
         {"attn_v.weight", dim, kv_dim, !a->fused_qkv, &l->wv},
         {"attn_qkv.weight", dim, q_dim + 2 * kv_dim, a->fused_qkv, &l->wqkv},
-        {"attn_q.bias", q_dim, 1, false, &l->bq},
-        {"attn_k.bias", kv_dim, 1, false, &l->bk},
-        {"attn_v.bias", kv_dim, 1, false, &l->bv},
+        {"attn_q.bias", q_dim, 1, a->qkv_bias, &l->bq},
+        {"attn_k.bias", kv_dim, 1, a->qkv_bias, &l->bk},
+        {"attn_v.bias", kv_dim, 1, a->qkv_bias, &l->bv},
         {"attn_q_norm.weight", hp->head_dim, 1, a->qk_norm, &l->q_norm},
         {"attn_k_norm.weight", hp->head_dim, 1, a->qk_norm, &l->k_norm},
         {"attn_output.weight", q_dim, dim, true, &l->wo},
@@ -147,13 +147,24 @@ static sb_status bind_layer(const sb_gguf *g, const sb_hparams *hp, int32_t il, 
         {"ffn_down.weight", ff, dim, true, &l->w_down},
         {"post_ffw_norm.weight", dim, 1, a->post_norms, &l->post_ffn_norm},
     };
+    _Static_assert(SB_ARRAY_LEN(spec) <= SB_MAX_LAYER_TENSORS, "SB_MAX_LAYER_TENSORS");
     for (size_t j = 0; j < SB_ARRAY_LEN(spec); j++) {
-        char name[96];
-        snprintf(name, sizeof(name), "blk.%d.%s", il, spec[j].name);
-        sb_status st = bind(g, name, spec[j].n_in, spec[j].n_out, spec[j].required, spec[j].w, err);
+        out[j] = (sb_tensor_spec){.n_in = spec[j].n_in, .n_out = spec[j].n_out, .required = spec[j].required,
+                                  .w = spec[j].w};
+        snprintf(out[j].name, sizeof(out[j].name), "blk.%d.%s", il, spec[j].suffix);
+    }
+    return SB_ARRAY_LEN(spec);
+}
+
+static sb_status bind_layer(const sb_gguf *g, const sb_hparams *hp, int32_t il, sb_layer *l, sb_error *err) {
+    sb_tensor_spec spec[SB_MAX_LAYER_TENSORS];
+    size_t n = sb_arch_layer_tensors(hp, il, l, spec);
+    for (size_t j = 0; j < n; j++) {
+        sb_status st = bind(g, spec[j].name, spec[j].n_in, spec[j].n_out, spec[j].required, spec[j].w, err);
         if (st != SB_OK)
             return st;
     }
+    const sb_arch_desc *a = hp->arch;
     l->swa = hp->n_swa > 0 && a->swa_pattern > 0 && il % a->swa_pattern < a->swa_pattern - 1;
     return SB_OK;
 }

@@ -46,6 +46,8 @@ typedef struct sb_arch_desc {
     bool post_norms;    /* RMSNorm after attention and after the FFN (gemma2) */
     bool embd_scale;    /* inputs scaled by sqrt(n_embd) (gemma) */
     int swa_pattern;    /* > 0: layers with il % swa_pattern < swa_pattern-1 use the sliding window */
+    bool qkv_bias;      /* files carry attn_q/k/v biases (qwen2); optional for the others */
+    bool tied_output;   /* files have no output.weight: the output is token_embd (gemma2) */
 } sb_arch_desc;
 
 typedef struct sb_hparams {
@@ -103,6 +105,18 @@ struct sb_model {
 
 /* Architecture table (arch.c). */
 const sb_arch_desc *sb_arch_find(const char *name, size_t len);
+
+/* One tensor of a layer: "blk.<il>.<suffix>", its shape (n_out == 1: a
+ * vector), whether files of the architecture carry it, and where it binds. */
+typedef struct sb_tensor_spec {
+    char name[64];
+    int64_t n_in, n_out;
+    bool required;
+    sb_weight *w;
+} sb_tensor_spec;
+#define SB_MAX_LAYER_TENSORS 24
+/* Fills out[] with layer il's tensors (binding into l); returns the count. */
+size_t sb_arch_layer_tensors(const sb_hparams *hp, int32_t il, sb_layer *l, sb_tensor_spec *out);
 /* Reads the architecture's hyper-parameters and binds its tensors. */
 sb_status sb_arch_load(sb_model *m, sb_error *err);
 

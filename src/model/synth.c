@@ -12,6 +12,7 @@
 
 #include "base/base.h"
 #include "base/rng.h"
+#include "model/model.h"
 #include "model/synth.h"
 
 #define SPACE "\xe2\x96\x81" /* U+2581, SentencePiece's visible space */
@@ -22,8 +23,8 @@ enum { TOKEN_NORMAL = 1, TOKEN_UNKNOWN = 2, TOKEN_CONTROL = 3, TOKEN_BYTE = 6 };
 #define SYNTH_FIRST_NORMAL 259
 
 sb_synth_params sb_synth_default_params(void) {
-    return (sb_synth_params){.dim = 64, .hidden = 172, .layers = 2, .heads = 8, .kv_heads = 4, .vocab = 512,
-                             .ctx = 512, .type = SB_TYPE_F32, .seed = 1, .rope_base = 10000.0f,
+    return (sb_synth_params){.arch = "llama", .dim = 64, .hidden = 172, .layers = 2, .heads = 8, .kv_heads = 4,
+                             .vocab = 512, .ctx = 512, .type = SB_TYPE_F32, .seed = 1, .rope_base = 10000.0f,
                              .logit_scale = 4.0f, .name = "switchboard-synthetic"};
 }
 
@@ -155,8 +156,11 @@ static sb_status add_random(sb_gguf_writer *w, sb_rng *rng, const char *name, sb
     return SB_OK;
 }
 
-static sb_status check_params(const sb_synth_params *p, sb_error *err) {
+static sb_status check_params(const sb_synth_params *p, const sb_arch_desc *arch, sb_error *err) {
     const sb_type_traits *tr = sb_type_traits_of(p->type);
+    if (!arch)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "unknown architecture '%s' (llama, qwen2, qwen3, phi3, gemma2)",
+                       p->arch);
     if (!tr || !tr->from_float || !sb_type_can_matmul(p->type))
         return sb_fail(err, SB_ERR_INVALID_ARG, "weight type %s cannot be generated", tr ? tr->name : "unknown");
     if (p->dim <= 0 || p->hidden <= 0 || p->layers <= 0 || p->heads <= 0 || p->kv_heads <= 0 || p->ctx <= 0)
@@ -165,69 +169,107 @@ static sb_status check_params(const sb_synth_params *p, sb_error *err) {
         return sb_fail(err, SB_ERR_INVALID_ARG, "dim %d must split into %d heads of even size", p->dim, p->heads);
     if (p->heads % p->kv_heads != 0)
         return sb_fail(err, SB_ERR_INVALID_ARG, "heads %d must be a multiple of kv-heads %d", p->heads, p->kv_heads);
-    if (p->vocab < 260)
+    if (!p->vocab_from && p->vocab < 260)
         return sb_fail(err, SB_ERR_INVALID_ARG, "vocab %d is too small: 259 ids are specials and bytes", p->vocab);
     return SB_OK;
 }
 
+/* Copies every tokenizer.* entry of another GGUF (vocabulary, merges,
+ * special ids, chat template); *n_vocab receives its token count. */
+static sb_status copy_vocab(sb_gguf_writer *w, const char *path, int32_t *n_vocab, sb_error *err) {
+    sb_gguf *src;
+    sb_status st = sb_gguf_open(path, &src, err);
+    if (st != SB_OK)
+        return st;
+    const sb_gguf_kv *tokens;
+    st = sb_gguf_get_arr(src, "tokenizer.ggml.tokens", SB_GGUF_STRING, &tokens, err);
+    if (st == SB_OK) {
+        *n_vocab = (int32_t)tokens->arr_n;
+        for (uint64_t i = 0; i < src->n_kv; i++)
+            if (src->kv[i].key.len > 10 && memcmp(src->kv[i].key.ptr, "tokenizer.", 10) == 0)
+                sb_gguf_copy_kv(w, &src->kv[i]);
+    }
+    sb_gguf_close(src);
+    return st;
+}
+
+static void set_arch_u32(sb_gguf_writer *w, const char *arch, const char *suffix, uint32_t v) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    sb_gguf_set_u32(w, key, v);
+}
+
+static void set_arch_f32(sb_gguf_writer *w, const char *arch, const char *suffix, float v) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    sb_gguf_set_f32(w, key, v);
+}
+
 sb_status sb_synth_build(const sb_synth_params *p, sb_gguf_writer **out, sb_error *err) {
     *out = NULL;
-    sb_status st = check_params(p, err);
+    const sb_arch_desc *arch = sb_arch_find(p->arch, strlen(p->arch));
+    sb_status st = check_params(p, arch, err);
     if (st != SB_OK)
         return st;
     sb_gguf_writer *w = sb_gguf_writer_create();
     if (!w)
         return sb_fail(err, SB_ERR_NOMEM, "out of memory");
-    int32_t head_dim = p->dim / p->heads, kv_dim = p->kv_heads * head_dim;
-    sb_gguf_set_str(w, "general.architecture", "llama");
+    int32_t n_vocab = p->vocab;
+    sb_hparams hp = {.arch = arch, .n_embd = p->dim, .n_ff = p->hidden, .n_layer = p->layers, .n_head = p->heads,
+                     .n_head_kv = p->kv_heads, .head_dim = p->dim / p->heads};
+    const char *a = arch->name;
+    sb_gguf_set_str(w, "general.architecture", a);
     sb_gguf_set_str(w, "general.name", p->name);
     sb_gguf_set_u32(w, "general.alignment", SB_GGUF_DEFAULT_ALIGNMENT);
     sb_gguf_set_u32(w, "general.file_type", file_type_of(p->type));
     if (p->type != SB_TYPE_F32 && p->type != SB_TYPE_F16 && p->type != SB_TYPE_BF16)
         sb_gguf_set_u32(w, "general.quantization_version", 2);
-    sb_gguf_set_u32(w, "llama.context_length", (uint32_t)p->ctx);
-    sb_gguf_set_u32(w, "llama.embedding_length", (uint32_t)p->dim);
-    sb_gguf_set_u32(w, "llama.block_count", (uint32_t)p->layers);
-    sb_gguf_set_u32(w, "llama.feed_forward_length", (uint32_t)p->hidden);
-    sb_gguf_set_u32(w, "llama.attention.head_count", (uint32_t)p->heads);
-    sb_gguf_set_u32(w, "llama.attention.head_count_kv", (uint32_t)p->kv_heads);
-    sb_gguf_set_u32(w, "llama.rope.dimension_count", (uint32_t)head_dim);
-    sb_gguf_set_f32(w, "llama.rope.freq_base", p->rope_base);
-    sb_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    sb_gguf_set_u32(w, "llama.vocab_size", (uint32_t)p->vocab);
-    st = build_vocab(w, p->vocab, err);
+    st = p->vocab_from ? copy_vocab(w, p->vocab_from, &n_vocab, err) : build_vocab(w, p->vocab, err);
+    set_arch_u32(w, a, "context_length", (uint32_t)p->ctx);
+    set_arch_u32(w, a, "embedding_length", (uint32_t)p->dim);
+    set_arch_u32(w, a, "block_count", (uint32_t)p->layers);
+    set_arch_u32(w, a, "feed_forward_length", (uint32_t)p->hidden);
+    set_arch_u32(w, a, "attention.head_count", (uint32_t)p->heads);
+    set_arch_u32(w, a, "attention.head_count_kv", (uint32_t)p->kv_heads);
+    set_arch_u32(w, a, "attention.key_length", (uint32_t)hp.head_dim);
+    set_arch_u32(w, a, "attention.value_length", (uint32_t)hp.head_dim);
+    set_arch_u32(w, a, "rope.dimension_count", (uint32_t)hp.head_dim);
+    set_arch_f32(w, a, "rope.freq_base", p->rope_base);
+    set_arch_f32(w, a, "attention.layer_norm_rms_epsilon", 1e-5f);
+    set_arch_u32(w, a, "vocab_size", (uint32_t)n_vocab);
+    if (arch->swa_pattern > 0) { /* gemma2's defaults */
+        set_arch_u32(w, a, "attention.sliding_window", (uint32_t)SB_MIN(p->ctx, 4096));
+        set_arch_f32(w, a, "attn_logit_softcapping", 50.0f);
+        set_arch_f32(w, a, "final_logit_softcapping", 30.0f);
+    }
 
     sb_rng rng;
     sb_rng_seed(&rng, p->seed);
     /* Unit-variance inputs give unit-variance outputs with std 1/sqrt(n_in);
      * the projections back into the residual stream are scaled down by the
-     * depth so that the stream does not grow layer after layer. */
+     * depth so that the stream does not grow layer after layer. Norm weights
+     * are 1, biases small noise. */
     float in_std = 1.0f / sqrtf((float)p->dim), resid = 1.0f / sqrtf(2.0f * (float)p->layers);
     if (st == SB_OK)
-        st = add_random(w, &rng, "token_embd.weight", p->type, p->dim, p->vocab, 1.0f, 0, 0, err);
-    for (int32_t l = 0; l < p->layers && st == SB_OK; l++) {
-        struct {
-            const char *name;
-            int64_t n_in, n_out;
-            float std;
-        } spec[] = {
-            {"attn_norm", p->dim, 1, 0},          {"attn_q", p->dim, p->dim, in_std},
-            {"attn_k", p->dim, kv_dim, in_std},   {"attn_v", p->dim, kv_dim, in_std},
-            {"attn_output", p->dim, p->dim, in_std * resid}, {"ffn_norm", p->dim, 1, 0},
-            {"ffn_gate", p->dim, p->hidden, in_std}, {"ffn_up", p->dim, p->hidden, in_std},
-            {"ffn_down", p->hidden, p->dim, resid / sqrtf((float)p->hidden)},
-        };
-        for (size_t j = 0; j < SB_ARRAY_LEN(spec) && st == SB_OK; j++) {
-            char name[64];
-            snprintf(name, sizeof(name), "blk.%d.%s.weight", l, spec[j].name);
-            st = add_random(w, &rng, name, p->type, spec[j].n_in, spec[j].n_out, spec[j].std, 1.0f, 0, err);
+        st = add_random(w, &rng, "token_embd.weight", p->type, p->dim, n_vocab, 1.0f, 0, 0, err);
+    for (int32_t il = 0; il < p->layers && st == SB_OK; il++) {
+        sb_layer l;
+        sb_tensor_spec spec[SB_MAX_LAYER_TENSORS];
+        size_t n = sb_arch_layer_tensors(&hp, il, &l, spec);
+        for (size_t j = 0; j < n && st == SB_OK; j++) {
+            if (!spec[j].required)
+                continue;
+            bool to_residual = spec[j].w == &l.wo || spec[j].w == &l.w_down;
+            bool bias = spec[j].w == &l.bq || spec[j].w == &l.bk || spec[j].w == &l.bv;
+            float std = spec[j].n_out > 1 ? (to_residual ? resid : 1.0f) / sqrtf((float)spec[j].n_in) : bias ? 0.5f : 0;
+            st = add_random(w, &rng, spec[j].name, p->type, spec[j].n_in, spec[j].n_out, std, 1.0f, 0, err);
         }
     }
     if (st == SB_OK)
         st = add_random(w, &rng, "output_norm.weight", p->type, p->dim, 1, 0, 1.0f, 0, err);
-    if (st == SB_OK)
-        st = add_random(w, &rng, "output.weight", p->type, p->dim, p->vocab, p->logit_scale * in_std, 0,
-                        SYNTH_FIRST_NORMAL, err);
+    if (st == SB_OK && !arch->tied_output)
+        st = add_random(w, &rng, "output.weight", p->type, p->dim, n_vocab, p->logit_scale * in_std, 0,
+                        p->vocab_from ? 0 : SYNTH_FIRST_NORMAL, err);
     if (st != SB_OK) {
         sb_gguf_writer_free(w);
         return st;

@@ -1,7 +1,8 @@
 /*
  * synth.h - the synthetic model generator behind `switchboard gen-model`:
- * a llama-shaped model with seeded random weights and a byte-level
- * SentencePiece vocabulary, written as a GGUF file that llama.cpp loads.
+ * a model of any supported architecture with seeded random weights and a
+ * byte-level SentencePiece vocabulary (or the vocabulary of another GGUF),
+ * written as a GGUF file that llama.cpp loads.
  * Tests, benchmarks and the demo use it because real weights never go into
  * the repository. Weights are scaled so that activations stay near unit size
  * and next-token distributions are peaked, not flat.
@@ -13,7 +14,9 @@
 #include "tensor/tensor.h"
 
 typedef struct sb_synth_params {
-    int32_t dim, hidden, layers, heads, kv_heads, vocab, ctx;
+    const char *arch;       /* general.architecture: llama, qwen2, qwen3, phi3, gemma2 */
+    const char *vocab_from; /* copy the tokenizer (and chat template) of this GGUF; NULL: generate one */
+    int32_t dim, hidden, layers, heads, kv_heads, vocab, ctx; /* vocab: ignored with vocab_from */
     sb_type type;      /* type of the weight matrices (norms stay F32) */
     uint64_t seed;
     float rope_base;
