@@ -8,11 +8,15 @@ ASAN_BUILD ?= build-asan
 DEMO_MODEL ?= demo/demo-q8_0.gguf
 PROMPT ?= Once upon a time
 
-.PHONY: all deps build asan run test test-asan demo clean
+.PHONY: all deps test-deps build asan run test demo clean
 
 all: build
 
 deps:
+	@tools/install-deps.sh --no-npm
+
+# npm test peers too: llama.cpp (node-llama-cpp) and the OpenAI client.
+test-deps:
 	@tools/install-deps.sh
 
 build: deps
@@ -20,7 +24,7 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 asan: deps
-	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSB_SANITIZE=ON >/dev/null
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSB_SANITIZE=ON -DSB_WERROR=ON >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 $(DEMO_MODEL): | build
@@ -32,7 +36,7 @@ demo: build $(DEMO_MODEL)
 run: demo
 	$(BUILD)/switchboard run -m $(DEMO_MODEL) -p "$(PROMPT)" -n 64 --temp 0.8 --seed 1
 
-test: build asan
+test: test-deps build asan
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -L unit
 

@@ -31,7 +31,8 @@ extern "C" {
     X(SB_ERR_UNSUPPORTED, -4, "unsupported feature")                        \
     X(SB_ERR_INVALID_ARG, -5, "invalid argument")                           \
     X(SB_ERR_CONTEXT_FULL, -6, "context length exceeded")                   \
-    X(SB_ERR_NOT_FOUND, -7, "not found")
+    X(SB_ERR_NOT_FOUND, -7, "not found")                                    \
+    X(SB_ERR_BUSY, -8, "busy: too many requests waiting")
 
 typedef enum sb_status {
 #define SB_STATUS_ENUM(name, value, text) name = value,

@@ -18,6 +18,8 @@ static const char usage[] =
     "commands:\n"
     "  run        generate text:  run -m FILE -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P]\n"
     "             [--min-p P] [--repeat-penalty R] [--seed S] [--threads N] [--ctx N] [--stop S] [--json]\n"
+    "  bench      measure speed like llama-bench:  bench -m FILE [-p 512] [-n 128] [-t THREADS] [-r REPS]\n"
+    "             [-o table|json] [--progress]\n"
     "  info       print the metadata and tensor table of a GGUF file:  info FILE\n"
     "  tokenize   print token ids as a JSON array:  tokenize -m FILE [--no-bos] [--special] [--pieces] TEXT\n"
     "  gen-model  write a random llama model:  gen-model --out FILE [--type f32|f16|bf16|q8_0|q4_0|...]\n"
@@ -78,6 +80,8 @@ double sb_cli_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+int sb_cmd_bench(int argc, char **argv); /* cmd_bench.c */
+
 int main(int argc, char **argv) {
     static const struct {
         const char *name;
@@ -87,6 +91,7 @@ int main(int argc, char **argv) {
         {"info", sb_cmd_info},
         {"tokenize", sb_cmd_tokenize},
         {"gen-model", sb_cmd_gen_model},
+        {"bench", sb_cmd_bench},
     };
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fputs(usage, argc < 2 ? stderr : stdout);

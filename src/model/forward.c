@@ -278,9 +278,12 @@ int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, in
 
     /* Only the tokens that continue a sequence need the output layer. */
     int32_t n_out = 0;
-    for (int32_t i = 0; i < n; i++)
+    for (int32_t i = 0; i < n; i++) {
+        if (batch[i].want_embd)
+            rmsnorm(f->embd + (size_t)i * dim, f->x + (size_t)i * dim, m->output_norm.data, dim, hp->rms_eps);
         if (batch[i].want_logits)
             rmsnorm(f->xb + (size_t)n_out++ * dim, f->x + (size_t)i * dim, m->output_norm.data, dim, hp->rms_eps);
+    }
     if (n_out > 0) {
         matmul(f, &m->output, f->xb, n_out, f->logits);
         if (hp->logit_softcap > 0)
@@ -320,7 +323,8 @@ sb_status sb_forward_init(sb_forward *f, const sb_model *m, sb_threadpool *pool,
     f->scores = sb_malloc((size_t)sb_threadpool_n_threads(pool) * (size_t)max_len * sizeof(float));
     f->logits = sb_malloc((size_t)max_logits * hp->n_vocab * sizeof(float));
     f->work = sb_malloc(work);
-    if (!f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->scores || !f->logits ||
+    f->embd = sb_malloc(B * hp->n_embd * sizeof(float));
+    if (!f->embd || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->scores || !f->logits ||
         !f->work) {
         sb_forward_free(f);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for forward-pass buffers (%d tokens)", max_tokens);
@@ -329,7 +333,7 @@ sb_status sb_forward_init(sb_forward *f, const sb_model *m, sb_threadpool *pool,
 }
 
 void sb_forward_free(sb_forward *f) {
-    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->scores, f->logits};
+    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->scores, f->logits, f->embd};
     for (size_t i = 0; i < SB_ARRAY_LEN(bufs); i++)
         sb_free(bufs[i]);
     sb_free(f->work);

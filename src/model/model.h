@@ -154,6 +154,7 @@ typedef struct sb_batch_token {
     int32_t pos;
     const int32_t *blocks; /* the sequence's block table, covering pos */
     bool want_logits;      /* compute the next-token logits after this token */
+    bool want_embd;        /* keep the final normed hidden state (embeddings) */
 } sb_batch_token;
 
 /* Scratch for batches of up to max_tokens tokens, at most max_logits of
@@ -171,6 +172,7 @@ typedef struct sb_forward {
     float *hb2;    /* (max_tokens, n_ff) */
     float *scores; /* (n_threads, max_len) one head's attention weights per thread */
     float *logits; /* (max_logits, n_vocab) */
+    float *embd;   /* (max_tokens, n_embd): final normed hidden state of tokens that want it */
     void *work;    /* sb_matmul scratch */
 } sb_forward;
 
@@ -181,7 +183,8 @@ void sb_forward_free(sb_forward *f);
 /* Runs a batch (n <= max_tokens, at most max_logits wanting logits) through
  * the model, writing its keys and values into kv, and leaves the logits of
  * the tokens that want them in f->logits, one row per such token, in batch
- * order. Returns that count. */
+ * order, and the final hidden states of tokens that want them in f->embd
+ * at their batch index. Returns the number of logits rows. */
 int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, int32_t n);
 
 /* ---- the single-sequence context of the public API ------------------------ */

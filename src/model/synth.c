@@ -250,8 +250,16 @@ sb_status sb_synth_build(const sb_synth_params *p, sb_gguf_writer **out, sb_erro
      * depth so that the stream does not grow layer after layer. Norm weights
      * are 1, biases small noise. */
     float in_std = 1.0f / sqrtf((float)p->dim), resid = 1.0f / sqrtf(2.0f * (float)p->layers);
+    /* A tied output reads the embedding back: if the residual stream stayed
+     * close to the input embedding, every token would predict itself. Such
+     * models get embeddings at the logit scale and undamped layers. */
+    float embd_std = 1.0f;
+    if (arch->tied_output) {
+        embd_std = p->logit_scale * in_std;
+        resid = 1.0f;
+    }
     if (st == SB_OK)
-        st = add_random(w, &rng, "token_embd.weight", p->type, p->dim, n_vocab, 1.0f, 0, 0, err);
+        st = add_random(w, &rng, "token_embd.weight", p->type, p->dim, n_vocab, embd_std, 0, 0, err);
     for (int32_t il = 0; il < p->layers && st == SB_OK; il++) {
         sb_layer l;
         sb_tensor_spec spec[SB_MAX_LAYER_TENSORS];

@@ -2,38 +2,63 @@
  * dot.c - reference dot products of a weight row with an activation row
  * already converted to the weight type's vec_dot_type.
  *
- * Float formats multiply in float and sum in double, as ggml's generic
- * kernels do; block formats follow the accumulation order of ggml's x86
- * kernels (see dot_blocks). They are the oracle that faster kernels are
- * tested against, so they stay plain.
+ * Float formats follow the lane order of ggml's AVX-512 kernels (see
+ * dot_float), block formats that of its x86 kernels (see dot_blocks). They
+ * are the scalar level of the kernel dispatch and the oracle that the SIMD
+ * kernels are tested against (bit for bit), so they stay plain.
  */
 #include <math.h>
 
 #include "tensor/tensor-impl.h"
 
-float sb__vec_dot_f32_f32_ref(int64_t n, const void *w, const void *x) {
-    const float *a = w, *b = x;
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        sum += (double)(a[i] * b[i]);
+/* Float formats accumulate the way ggml's AVX-512 kernels (ggml_vec_dot_f32,
+ * ggml_vec_dot_f16) do, a fixed lane structure that 8- and 16-wide SIMD can
+ * both reproduce exactly:
+ *   - 64 float lanes, seen as 4 accumulators of 16; for each full chunk of 64
+ *     elements starting at i, lane k (0..63) gets
+ *     acc[k] = fmaf(w[i+k], x[i+k], acc[k]) (for F16/BF16 the products are
+ *     exact in float, so fma == mul+add there, but fmaf is kept for all);
+ *   - after the chunks: accumulator 0 += accumulator 2, 1 += 3, 0 += 1
+ *     (lane by lane), then the 16 lanes are halved: v[l] + v[l+8], then
+ *     v[l] + v[l+4], v[l] + v[l+2], and finally v[0] + v[1];
+ *   - the n % 64 leftover elements are added one at a time in double to
+ *     that float, each as the double of the float product (ggml's leftover
+ *     loop, sumf += (double)(w*x)), and the double is rounded to float.
+ * One order for every ISA level makes batched and unbatched results equal
+ * and lets the SIMD kernels be tested by memcmp against this one. */
+typedef enum { FLT_F32, FLT_F16, FLT_BF16 } flt_fmt;
+
+static inline float flt_get(flt_fmt f, const void *p, int64_t i) {
+    switch (f) {
+    case FLT_F16: return sb_fp16_to_fp32(((const uint16_t *)p)[i]);
+    case FLT_BF16: return sb_bf16_to_fp32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+static inline float dot_float(flt_fmt f, int64_t n, const void *w, const void *x) {
+    float acc[64] = {0};
+    const int64_t nc = n - n % 64;
+    for (int64_t i = 0; i < nc; i += 64)
+        for (int k = 0; k < 64; k++)
+            acc[k] = fmaf(flt_get(f, w, i + k), flt_get(f, x, i + k), acc[k]);
+    for (int l = 0; l < 16; l++) {
+        acc[l] += acc[32 + l];
+        acc[16 + l] += acc[48 + l];
+        acc[l] += acc[16 + l];
+    }
+    for (int half = 8; half >= 1; half /= 2)
+        for (int l = 0; l < half; l++)
+            acc[l] += acc[l + half];
+    double sum = acc[0];
+    for (int64_t i = nc; i < n; i++)
+        sum += (double)(flt_get(f, w, i) * flt_get(f, x, i));
     return (float)sum;
 }
 
-float sb__vec_dot_f16_f16_ref(int64_t n, const void *w, const void *x) {
-    const uint16_t *a = w, *b = x;
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        sum += (double)(sb_fp16_to_fp32(a[i]) * sb_fp16_to_fp32(b[i]));
-    return (float)sum;
-}
-
-float sb__vec_dot_bf16_bf16_ref(int64_t n, const void *w, const void *x) {
-    const uint16_t *a = w, *b = x;
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        sum += (double)(sb_bf16_to_fp32(a[i]) * sb_bf16_to_fp32(b[i]));
-    return (float)sum;
-}
+float sb__vec_dot_f32_f32_ref(int64_t n, const void *w, const void *x) { return dot_float(FLT_F32, n, w, x); }
+float sb__vec_dot_f16_f16_ref(int64_t n, const void *w, const void *x) { return dot_float(FLT_F16, n, w, x); }
+float sb__vec_dot_bf16_bf16_ref(int64_t n, const void *w, const void *x) { return dot_float(FLT_BF16, n, w, x); }
 
 /* Block formats accumulate the way ggml's x86 kernels do (AVX2 and up, what
  * llama.cpp runs on these machines): each block's products are summed exactly

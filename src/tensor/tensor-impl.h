@@ -83,4 +83,12 @@ float sb__vec_dot_q5_0_q8_0_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q5_1_q8_1_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q8_0_q8_0_ref(int64_t n, const void *w, const void *x);
 
+/* ISA levels (x86/kernels-*.c): each overrides, in a table that starts as a
+ * copy of the scalar level, the entries it has kernels for. Called once by
+ * cpu.c, and only where the CPU runs that level. */
+#if defined(__x86_64__)
+void sb__kernels_fill_avx2(sb_kernels *k);
+void sb__kernels_fill_avx512(sb_kernels *k);
+#endif
+
 #endif

@@ -115,6 +115,49 @@ uint16_t sb_fp32_to_fp16(float f);
 float sb_bf16_to_fp32(uint16_t h);
 uint16_t sb_fp32_to_bf16(float f);
 
+/* ---- kernel dispatch ----------------------------------------------------
+ * The matmul kernels come in ISA levels. Every level computes bit-identical
+ * results (same float operations in the same order as the scalar `_ref`
+ * kernels of the type table; only exact integer work is reorganised), so
+ * batched and unbatched runs agree and any level can stand in for another.
+ * The table is chosen once, at first use, from what the CPU and OS support,
+ * capped by the environment variable SB_CPU=scalar|avx2|avx512. */
+typedef enum sb_cpu_level {
+    SB_CPU_SCALAR, /* the reference kernels, portable C */
+    SB_CPU_AVX2,   /* x86-64 AVX2 + FMA + F16C */
+    SB_CPU_AVX512, /* the above + AVX-512 F, BW, VL, VNNI */
+    SB_CPU_LEVEL_COUNT
+} sb_cpu_level;
+
+/* y[t*ldy + r] = dot(weight row r, activation row t) for r < nr, t < nt:
+ *   w: nr weight rows of n elements, row r at (char *)w + r*w_stride
+ *   x: nt activation rows, already in the weight type's vec_dot_type,
+ *      row t at (char *)x + t*x_stride
+ *   y: floats, token-major, row stride ldy (in floats)
+ * n is a multiple of the weight type's block size; nr, nt >= 1. Each output
+ * equals the type's vec_dot of the two rows, bit for bit. Q8_0/Q8_1
+ * activations must hold quants in [-127, 127] (act_from_float writes no
+ * other). */
+typedef void (*sb_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t nr, const void *x, size_t x_stride,
+                           int64_t nt, float *y, size_t ldy);
+
+typedef struct sb_kernels {
+    sb_cpu_level level;
+    sb_gemm_fn gemm[SB_TYPE_COUNT];                 /* by weight type; NULL where the type has no vec_dot */
+    sb_from_float_fn act_from_float[SB_TYPE_COUNT]; /* by activation type (F32, F16, BF16, Q8_0, Q8_1):
+                                                       the bytes of the type table's act_from_float */
+} sb_kernels;
+
+/* The table in use: the best level this CPU runs, capped by SB_CPU (an
+ * unknown value, or a level the CPU lacks, prints one warning line to stderr
+ * and falls back to the best available). Chosen once, thread-safe; the
+ * table is static and never changes. */
+const sb_kernels *sb_kernels_active(void);
+/* The table of one level, or NULL if this CPU cannot run it (tests, benchmarks). */
+const sb_kernels *sb_kernels_for(sb_cpu_level level);
+/* "scalar", "avx2", "avx512"; "?" for anything else. */
+const char *sb_cpu_level_name(sb_cpu_level level);
+
 typedef struct sb_threadpool sb_threadpool;
 
 /* y[t][r] = dot(W row r, x[t]) for t < n_tok, r < n_out, on the pool's

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "tensor/kquants.h"
 #include "tensor/tensor-impl.h"
 
 /* ---- scalar conversions ------------------------------------------------ */
@@ -140,12 +141,27 @@ static const sb_type_traits traits[SB_TYPE_COUNT] = {
     [SB_TYPE_Q8_1] = COMPUTABLE("q8_1", SB_QK, sizeof(sb_block_q8_1),
         sb__q8_1_to_float, sb__q8_1_from_float_ref,
         SB_TYPE_Q8_1, NULL, sb__q8_1_from_float_act),
-    [SB_TYPE_Q2_K] = GEOMETRY("q2_K", SB_QK_K, 84),      /* scales 16 + qs 64 + d, dmin */
-    [SB_TYPE_Q3_K] = GEOMETRY("q3_K", SB_QK_K, 110),     /* hmask 32 + qs 64 + scales 12 + d */
-    [SB_TYPE_Q4_K] = GEOMETRY("q4_K", SB_QK_K, 144),     /* d, dmin + scales 12 + qs 128 */
-    [SB_TYPE_Q5_K] = GEOMETRY("q5_K", SB_QK_K, 176),     /* d, dmin + scales 12 + qh 32 + qs 128 */
-    [SB_TYPE_Q6_K] = GEOMETRY("q6_K", SB_QK_K, 210),     /* ql 128 + qh 64 + scales 16 + d */
-    [SB_TYPE_Q8_K] = GEOMETRY("q8_K", SB_QK_K, 292),     /* d (f32) + qs 256 + bsums 16*2 */
+    /* K-quants (kquants.c): 256-element super-blocks; activations go to Q8_K. */
+    [SB_TYPE_Q2_K] = COMPUTABLE("q2_K", SB_QK_K, sizeof(sb_block_q2_K), /* scales 16 + qs 64 + d, dmin */
+        sb__q2_K_to_float, sb__q2_K_from_float_ref,
+        SB_TYPE_Q8_K, sb__vec_dot_q2_K_q8_K_ref, NULL),
+    [SB_TYPE_Q3_K] = COMPUTABLE("q3_K", SB_QK_K, sizeof(sb_block_q3_K), /* hmask 32 + qs 64 + scales 12 + d */
+        sb__q3_K_to_float, sb__q3_K_from_float_ref,
+        SB_TYPE_Q8_K, sb__vec_dot_q3_K_q8_K_ref, NULL),
+    [SB_TYPE_Q4_K] = COMPUTABLE("q4_K", SB_QK_K, sizeof(sb_block_q4_K), /* d, dmin + scales 12 + qs 128 */
+        sb__q4_K_to_float, sb__q4_K_from_float_ref,
+        SB_TYPE_Q8_K, sb__vec_dot_q4_K_q8_K_ref, NULL),
+    [SB_TYPE_Q5_K] = COMPUTABLE("q5_K", SB_QK_K, sizeof(sb_block_q5_K), /* d, dmin + scales 12 + qh 32 + qs 128 */
+        sb__q5_K_to_float, sb__q5_K_from_float_ref,
+        SB_TYPE_Q8_K, sb__vec_dot_q5_K_q8_K_ref, NULL),
+    [SB_TYPE_Q6_K] = COMPUTABLE("q6_K", SB_QK_K, sizeof(sb_block_q6_K), /* ql 128 + qh 64 + scales 16 + d */
+        sb__q6_K_to_float, sb__q6_K_from_float_ref,
+        SB_TYPE_Q8_K, sb__vec_dot_q6_K_q8_K_ref, NULL),
+    /* Activation type only (ggml has no Q8_K weights); llama.cpp's x86
+     * backend quantizes activations with the reference quantizer. */
+    [SB_TYPE_Q8_K] = COMPUTABLE("q8_K", SB_QK_K, sizeof(sb_block_q8_K), /* d (f32) + qs 256 + bsums 16*2 */
+        sb__q8_K_to_float, sb__q8_K_from_float_ref,
+        SB_TYPE_Q8_K, NULL, sb__q8_K_from_float_ref),
     [SB_TYPE_IQ2_XXS] = GEOMETRY("iq2_xxs", SB_QK_K, 66), /* d + qs 32*2 */
     [SB_TYPE_IQ2_XS] = GEOMETRY("iq2_xs", SB_QK_K, 74),  /* d + qs 32*2 + scales 8 */
     [SB_TYPE_IQ3_XXS] = GEOMETRY("iq3_xxs", SB_QK_K, 98), /* d + qs 96 */

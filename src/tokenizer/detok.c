@@ -2,11 +2,15 @@
  * detok.c - token pieces, and detokenizing: whole sequences and streams.
  *
  * A token's piece is the bytes it stands for: for SentencePiece, the string
- * with U+2581 turned back into spaces, a <0xXX> byte token as that byte, and
- * a special token as its text (shown only when asked). Pieces are built once
+ * with U+2581 turned back into spaces, a <0xXX> byte token as that byte; for
+ * byte-level BPE, the string mapped back through GPT-2's byte alphabet; and a
+ * special token as its text (shown only when asked). Pieces are built once
  * at load. Detokenizing concatenates them and, when decoding from the start
  * of a text, drops one leading space of the first piece (the dummy prefix),
- * exactly as llama_detokenize(remove_special=false).
+ * exactly as llama_detokenize(remove_special=false); BPE vocabularies that
+ * ask for it (llama-bpe, gpt-2) then get llama.cpp's clean-up of spaces
+ * before punctuation and contractions. The streaming detokenizer, like
+ * llama.cpp's token_to_piece, does no clean-up.
  *
  * The streaming detokenizer emits only whole UTF-8 characters: bytes that
  * may still become a character wait for the next token; bytes that cannot
@@ -31,43 +35,56 @@ static int hex_digit(char c) {
     return -1;
 }
 
-/* Writes the piece of token t at dst (room for its text suffices: a piece is
- * never longer than the text) and returns its length. */
+static uint32_t copy_text(const char *s, uint32_t n, char *dst) {
+    if (dst)
+        memcpy(dst, s, n);
+    return n;
+}
+
+/* Writes the piece of token t at dst, or only measures it when dst is NULL,
+ * and returns its length. */
 static uint32_t make_piece(const sb_vocab *v, const sb_vocab_token *t, char *dst) {
     const char *s = v->text + t->text_off;
     uint32_t n = t->text_len;
-    if (t->attr & (SB_TOKEN_CONTROL | SB_TOKEN_UNKNOWN | SB_TOKEN_USER_DEFINED)) {
-        memcpy(dst, s, n);
-        return n;
-    }
+    if (t->attr & (SB_TOKEN_CONTROL | SB_TOKEN_UNKNOWN | SB_TOKEN_USER_DEFINED))
+        return copy_text(s, n, dst);
+    if ((t->attr & SB_TOKEN_NORMAL) && v->kind == SB_VOCAB_BPE)
+        return sb__bpe_decode_piece(s, n, dst);
     if (t->attr & SB_TOKEN_NORMAL) {
         uint32_t w = 0;
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = 0; i < n; i++, w++) {
+            char c = s[i];
             if (i + 2 < n && memcmp(s + i, "\xe2\x96\x81", 3) == 0) {
-                dst[w++] = ' ';
+                c = ' ';
                 i += 2;
-            } else {
-                dst[w++] = s[i];
             }
+            if (dst)
+                dst[w] = c;
         }
         return w;
     }
     if (t->attr & SB_TOKEN_BYTE) {
         int hi = n == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>' ? hex_digit(s[3]) : -1;
         int lo = hi >= 0 ? hex_digit(s[4]) : -1;
-        if (lo < 0) { /* not "<0xXX>": show what the vocabulary says */
-            memcpy(dst, s, n);
-            return n;
-        }
-        dst[0] = (char)(hi * 16 + lo);
+        if (lo < 0) /* not "<0xXX>": show what the vocabulary says */
+            return copy_text(s, n, dst);
+        if (dst)
+            dst[0] = (char)(hi * 16 + lo);
         return 1;
     }
     return 0; /* UNUSED and undefined tokens decode to nothing */
 }
 
 sb_status sb__vocab_build_pieces(sb_vocab *v, sb_error *err) {
-    const sb_vocab_token *last = &v->tokens[v->n_tokens - 1];
-    v->pieces = sb_malloc((size_t)last->text_off + last->text_len + 1);
+    /* Pieces are measured first: a BPE piece with a character outside the
+     * byte alphabet is longer than its text. */
+    uint64_t total = 0;
+    for (int32_t i = 0; i < v->n_tokens; i++)
+        total += make_piece(v, &v->tokens[i], NULL);
+    if (total >= UINT32_MAX)
+        return sb_fail(err, SB_ERR_FORMAT, "the vocabulary's pieces take %llu bytes, more than 4 GiB",
+                       (unsigned long long)total);
+    v->pieces = sb_malloc((size_t)total + 1);
     if (!v->pieces)
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for the vocabulary's pieces");
     uint32_t off = 0;
@@ -104,13 +121,12 @@ static const char *strip_space(const char *p, size_t *len) {
 
 /* ---- whole sequences ---------------------------------------------------- */
 
-sb_status sb_vocab_detokenize(const sb_vocab *v, const int32_t *ids, size_t n, bool strip_leading_space,
-                              bool render_special, char *out, size_t cap, size_t *n_out, sb_error *err) {
-    if (!v || !n_out || (!ids && n) || (!out && cap))
-        return sb_fail(err, SB_ERR_INVALID_ARG, "sb_detokenize: NULL vocabulary, ids, out or n_out");
-    *n_out = 0;
+/* Concatenates the pieces of ids, storing the first `cap` bytes at out (no
+ * NUL) and counting all of them in *total. */
+static sb_status concat_pieces(const sb_vocab *v, const int32_t *ids, size_t n, bool strip_leading_space,
+                               bool render_special, char *out, size_t cap, size_t *total, sb_error *err) {
     bool strip = strip_leading_space && v->add_space_prefix;
-    size_t total = 0;
+    *total = 0;
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= v->n_tokens)
             return sb_fail(err, SB_ERR_INVALID_ARG, "sb_detokenize: token %d at index %zu is outside the vocabulary (0..%d)",
@@ -120,9 +136,38 @@ sb_status sb_vocab_detokenize(const sb_vocab *v, const int32_t *ids, size_t n, b
         if (strip)
             p = strip_space(p, &len);
         strip = false; /* only the first token, even if it decodes to nothing */
-        if (total < cap)
-            memcpy(out + total, p, SB_MIN(len, cap - 1 - total));
-        total += len;
+        if (*total < cap)
+            memcpy(out + *total, p, SB_MIN(len, cap - *total));
+        *total += len;
+    }
+    return SB_OK;
+}
+
+sb_status sb_vocab_detokenize(const sb_vocab *v, const int32_t *ids, size_t n, bool strip_leading_space,
+                              bool render_special, char *out, size_t cap, size_t *n_out, sb_error *err) {
+    if (!v || !n_out || (!ids && n) || (!out && cap))
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sb_detokenize: NULL vocabulary, ids, out or n_out");
+    *n_out = 0;
+    size_t total = 0;
+    sb_status st;
+    if (!v->clean_spaces) {
+        st = concat_pieces(v, ids, n, strip_leading_space, render_special, out, cap ? cap - 1 : 0, &total, err);
+        if (st != SB_OK)
+            return st;
+    } else {
+        /* The clean-up looks at the whole text, so it runs on a full copy;
+         * then *n_out is the exact cleaned length even when out is too small. */
+        size_t raw;
+        if ((st = concat_pieces(v, ids, n, strip_leading_space, render_special, NULL, 0, &raw, err)) != SB_OK)
+            return st;
+        char *tmp = sb_malloc(raw ? raw : 1);
+        if (!tmp)
+            return sb_fail(err, SB_ERR_NOMEM, "sb_detokenize: out of memory for %zu bytes", raw);
+        concat_pieces(v, ids, n, strip_leading_space, render_special, tmp, raw, &raw, err);
+        total = sb__bpe_clean_spaces(tmp, raw);
+        if (cap)
+            memcpy(out, tmp, SB_MIN(total, cap - 1));
+        sb_free(tmp);
     }
     if (cap)
         out[SB_MIN(total, cap - 1)] = '\0';

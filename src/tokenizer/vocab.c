@@ -28,6 +28,7 @@ static const struct {
     bool add_bos, add_space_prefix;
 } families[] = {
     {"llama", SB_VOCAB_SPM, 1, 2, 0, true, true},
+    {"gpt2", SB_VOCAB_BPE, 11, 11, -1, false, false}, /* add_bos: see sb__bpe_load */
 };
 
 static sb_status encode_text(const sb_vocab *v, const char *text, size_t len, bool after_special, sb__tok_out *out,
@@ -35,6 +36,8 @@ static sb_status encode_text(const sb_vocab *v, const char *text, size_t len, bo
     switch (v->kind) {
     case SB_VOCAB_SPM:
         return sb__spm_encode(v, text, len, after_special, out, err);
+    case SB_VOCAB_BPE:
+        return sb__bpe_encode(v, text, len, out, err);
     }
     return sb_fail(err, SB_ERR_UNSUPPORTED, "tokenizer kind %d has no encoder", (int)v->kind);
 }
@@ -93,7 +96,8 @@ static sb_status read_family(sb_vocab *v, const sb_gguf *g, size_t *family, sb_e
     }
     int shown = model.len > 64 ? 64 : (int)model.len;
     return sb_fail(err, SB_ERR_UNSUPPORTED,
-                   "tokenizer.ggml.model '%.*s' is not supported (supported: 'llama', SentencePiece)", shown,
+                   "tokenizer.ggml.model '%.*s' is not supported (supported: 'llama', SentencePiece; "
+                   "'gpt2', byte-level BPE)", shown,
                    model.ptr);
 }
 
@@ -217,7 +221,7 @@ static sb_status read_id(const sb_vocab *v, const sb_gguf *g, const char *key, i
     return SB_OK;
 }
 
-static sb_status read_specials(sb_vocab *v, const sb_gguf *g, size_t family, sb_error *err) {
+static sb_status read_specials(sb_vocab *v, const sb_gguf *g, size_t family, bool add_bos_default, sb_error *err) {
     int32_t eot, eom, pad;
     sb_status st;
     if ((st = read_id(v, g, "tokenizer.ggml.bos_token_id", families[family].bos, &v->bos, err)) != SB_OK ||
@@ -227,7 +231,7 @@ static sb_status read_specials(sb_vocab *v, const sb_gguf *g, size_t family, sb_
         (st = read_id(v, g, "tokenizer.ggml.eot_token_id", -1, &eot, err)) != SB_OK ||
         (st = read_id(v, g, "tokenizer.ggml.eom_token_id", -1, &eom, err)) != SB_OK)
         return st;
-    if ((st = sb_gguf_get_bool_or(g, "tokenizer.ggml.add_bos_token", families[family].add_bos, &v->add_bos, err)) !=
+    if ((st = sb_gguf_get_bool_or(g, "tokenizer.ggml.add_bos_token", add_bos_default, &v->add_bos, err)) !=
             SB_OK ||
         (st = sb_gguf_get_bool_or(g, "tokenizer.ggml.add_eos_token", false, &v->add_eos, err)) != SB_OK ||
         (st = sb_gguf_get_bool_or(g, "tokenizer.ggml.add_space_prefix", families[family].add_space_prefix,
@@ -366,7 +370,12 @@ static sb_status load(sb_vocab *v, const sb_gguf *g, sb_error *err) {
     size_t family = 0;
     sb_status st;
     if ((st = read_family(v, g, &family, err)) != SB_OK || (st = read_tokens(v, g, err)) != SB_OK ||
-        (st = read_scores_and_types(v, g, err)) != SB_OK || (st = read_specials(v, g, family, err)) != SB_OK)
+        (st = read_scores_and_types(v, g, err)) != SB_OK)
+        return st;
+    bool add_bos_default = families[family].add_bos;
+    if (v->kind == SB_VOCAB_BPE && (st = sb__bpe_load(v, g, &add_bos_default, err)) != SB_OK)
+        return st;
+    if ((st = read_specials(v, g, family, add_bos_default, err)) != SB_OK)
         return st;
     apply_marker_tokens(v);
     apply_phi3_rstrip(v, g);
@@ -398,6 +407,7 @@ void sb_vocab_free(sb_vocab *v) {
     sb_free(v->pieces);
     sb_free(v->hash);
     sb_free(v->specials);
+    sb__bpe_free(v->bpe);
     sb_free(v);
 }
 

@@ -5,9 +5,10 @@
  *
  * Behaviour follows llama.cpp's llama-vocab.cpp, which produced the test
  * vectors: special-token splitting, SentencePiece merging with byte
- * fallback, token pieces and the leading-space rule. Each tokenizer family
+ * fallback, byte-level BPE with its pre-tokenizer regexes, token pieces, the
+ * leading-space rule and BPE's clean-up of spaces. Each tokenizer family
  * (tokenizer.ggml.model) is one sb_vocab_kind with its own encoder file
- * (spm.c); vocab.c holds what they share.
+ * (spm.c, bpe.c); vocab.c holds what they share.
  *
  * A vocabulary is read-only after sb_vocab_load and may be used from several
  * threads at once; an sb_detok_t is used by one thread at a time.
@@ -59,12 +60,15 @@ void sb_vocab_detok_free(sb_detok_t *d);
 sb_status sb_vocab_detokenize(const sb_vocab *v, const int32_t *ids, size_t n, bool strip_leading_space,
                               bool render_special, char *out, size_t cap, size_t *n_out, sb_error *err);
 
-/* ---- shared by the tokenizer's own files (vocab.c, spm.c, detok.c) ------ */
+/* ---- shared by the tokenizer's own files (vocab.c, spm.c, bpe.c, detok.c) */
 
 /* Tokenizer families, by tokenizer.ggml.model. */
 typedef enum sb_vocab_kind {
     SB_VOCAB_SPM, /* "llama": SentencePiece merges by score, byte fallback */
+    SB_VOCAB_BPE, /* "gpt2": byte-level BPE, merges by rank after a regex pre-tokenizer */
 } sb_vocab_kind;
+
+typedef struct sb__bpe sb__bpe; /* bpe.c: pre-tokenizer, byte map and merge ranks */
 
 /* Token attributes as llama.cpp keeps them: bits, because load-time fixes
  * add CONTROL to tokens whose type says NORMAL. The first six come from
@@ -104,6 +108,8 @@ struct sb_vocab {
     int32_t bos, eos, unk; /* -1 if none */
     bool add_bos, add_eos;
     bool add_space_prefix; /* SPM dummy prefix: encode " " + text, strip it when decoding */
+    bool clean_spaces;     /* BPE clean_up_tokenization_spaces in sb_vocab_detokenize (llama-bpe, gpt-2) */
+    sb__bpe *bpe;          /* SB_VOCAB_BPE only, else NULL; owned */
     uint32_t max_text_len; /* longest token string: longer runs need no lookup */
     uint32_t max_piece_len;
 };
@@ -129,6 +135,28 @@ static inline void sb__tok_emit(sb__tok_out *o, int32_t id) {
  * where SentencePiece puts its dummy-prefix space. */
 sb_status sb__spm_encode(const sb_vocab *v, const char *text, size_t len, bool after_special, sb__tok_out *out,
                          sb_error *err);
+
+/* bpe.c: reads tokenizer.ggml.pre and tokenizer.ggml.merges into v->bpe
+ * (after the tokens are loaded) and sets v->clean_spaces; *add_bos_default
+ * gets the pre-tokenizer's BOS default (true for llama-bpe), which
+ * tokenizer.ggml.add_bos_token overrides. */
+sb_status sb__bpe_load(sb_vocab *v, const sb_gguf *gguf, bool *add_bos_default, sb_error *err);
+void sb__bpe_free(sb__bpe *bpe);
+
+/* bpe.c: encodes one run of plain text (no special tokens inside). Thread-safe
+ * on a shared vocabulary: all scratch state lives in the call. */
+sb_status sb__bpe_encode(const sb_vocab *v, const char *text, size_t len, sb__tok_out *out, sb_error *err);
+
+/* bpe.c: the bytes a byte-level token string stands for (GPT-2's unicode
+ * alphabet mapped back to bytes), written to dst unless dst is NULL; returns
+ * the length. Characters outside the alphabet come out as llama.cpp writes
+ * them ("[UNK_BYTE_0x<hex>" + the whole string + "]"), so the result may be
+ * longer than the string. */
+uint32_t sb__bpe_decode_piece(const char *s, uint32_t n, char *dst);
+
+/* bpe.c: llama.cpp's clean_up_tokenization_spaces, in place on buf[0..n);
+ * returns the new length (never larger). */
+size_t sb__bpe_clean_spaces(char *buf, size_t n);
 
 /* detok.c: fills v->pieces, piece_off/len and max_piece_len from the token
  * strings and attributes. */

@@ -20,6 +20,8 @@
 /* Types switchboard computes with (weights), in table order. */
 static const sb_type weight_types[] = {SB_TYPE_F32,  SB_TYPE_F16,  SB_TYPE_Q4_0, SB_TYPE_Q4_1,
                                        SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0, SB_TYPE_BF16};
+/* The K-quants are weights too; test_kquants.c covers their numerics. */
+static const sb_type kquant_types[] = {SB_TYPE_Q2_K, SB_TYPE_Q3_K, SB_TYPE_Q4_K, SB_TYPE_Q5_K, SB_TYPE_Q6_K};
 
 /* Deterministic xorshift64* so failures reproduce. */
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -106,6 +108,8 @@ static void test_traits_compute_support(void **state) {
         bool weight = false;
         for (size_t i = 0; i < sizeof(weight_types) / sizeof(weight_types[0]); i++)
             weight |= weight_types[i] == id;
+        for (size_t i = 0; i < sizeof(kquant_types) / sizeof(kquant_types[0]); i++)
+            weight |= kquant_types[i] == id;
         assert_int_equal(sb_type_can_matmul(id), weight);
         if (!weight)
             continue;
@@ -123,7 +127,7 @@ static void test_traits_compute_support(void **state) {
     assert_int_equal(traits(SB_TYPE_Q4_1)->vec_dot_type, SB_TYPE_Q8_1);
     assert_int_equal(traits(SB_TYPE_Q5_1)->vec_dot_type, SB_TYPE_Q8_1);
     assert_non_null(traits(SB_TYPE_Q8_1)->to_float); /* activation type: convertible, not a weight */
-    assert_null(traits(SB_TYPE_Q4_K)->to_float);
+    assert_null(traits(SB_TYPE_IQ4_XS)->to_float); /* sizes known, no compute support */
 }
 
 static void test_row_size(void **state) {

@@ -1,0 +1,134 @@
+/*
+ * bench/kernels.c - micro-benchmark of the gemm kernels at each ISA level
+ * this CPU runs, one thread. Not a test: it prints numbers for
+ * docs/PERFORMANCE.md.
+ *
+ *   bench_kernels [n_in [n_out [n_tok]]]     defaults 2048 5632 512
+ *
+ * Decode (one token): GB/s of weights streamed, twice: "hot" re-reads one
+ * matrix (it fits a large L3), "cold" walks distinct copies spanning about
+ * 1 GiB so the weights come from DRAM as in a real model. Prompt (n_tok
+ * tokens): GFLOP/s, 2*n_in*n_out*n_tok per call; the scalar level runs on
+ * fewer rows to keep it short. Outputs are checked against the scalar level
+ * on the way.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tensor/tensor.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+static float rnd_float(void) { return (float)((double)(rnd() >> 11) * 0x1p-52 - 1.0); }
+
+/* A weight matrix of `type`: random floats through the type's quantizer. */
+static void make_weights(sb_type type, int64_t n, int64_t rows, uint8_t *dst) {
+    const sb_type_traits *t = sb_type_traits_of(type);
+    const size_t rs = sb_type_row_size(type, n);
+    float *src = malloc((size_t)n * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < n; i++)
+            src[i] = rnd_float();
+        t->from_float(src, dst + (size_t)r * rs, n);
+    }
+    free(src);
+}
+
+static const sb_type types[] = {SB_TYPE_Q4_0, SB_TYPE_Q4_1, SB_TYPE_Q5_0, SB_TYPE_Q5_1,
+                                SB_TYPE_Q8_0, SB_TYPE_F16,  SB_TYPE_BF16, SB_TYPE_F32};
+
+int main(int argc, char **argv) {
+    const int64_t n = argc > 1 ? atoll(argv[1]) : 2048;
+    const int64_t nr = argc > 2 ? atoll(argv[2]) : 5632;
+    const int64_t nt = argc > 3 ? atoll(argv[3]) : 512;
+    const size_t cold_bytes = (size_t)1 << 30;
+    printf("gemm kernels, one thread, n_in=%lld n_out=%lld, prompt n_tok=%lld\n", (long long)n, (long long)nr,
+           (long long)nt);
+    printf("%-7s %-6s %12s %12s %14s\n", "level", "type", "decode hot", "decode cold", "prompt");
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        const sb_type type = types[ti];
+        const sb_type_traits *t = sb_type_traits_of(type), *xt = sb_type_traits_of(t->vec_dot_type);
+        const size_t ws = sb_type_row_size(type, n), xs = sb_type_row_size(t->vec_dot_type, n);
+        const size_t mat = ws * (size_t)nr;
+        const size_t copies = cold_bytes / mat > 1 ? cold_bytes / mat : 2;
+        uint8_t *w = malloc(mat * copies), *x = malloc(xs * (size_t)nt);
+        float *src = malloc((size_t)n * sizeof(float));
+        float *y = malloc(sizeof(float) * (size_t)nr * (size_t)nt), *y_ref = malloc(sizeof(float) * (size_t)nr);
+        if (!w || !x || !src || !y || !y_ref) {
+            fprintf(stderr, "out of memory\n");
+            return 1;
+        }
+        make_weights(type, n, nr, w);
+        for (size_t c = 1; c < copies; c++) /* copies, so the page cache can't share them */
+            memcpy(w + c * mat, w, mat);
+        for (int64_t tk = 0; tk < nt; tk++) {
+            for (int64_t i = 0; i < n; i++)
+                src[i] = rnd_float();
+            xt->act_from_float(src, x + (size_t)tk * xs, n);
+        }
+        sb_kernels_for(SB_CPU_SCALAR)->gemm[type](n, w, ws, nr, x, xs, 1, y_ref, (size_t)nr);
+
+        for (int lv = 0; lv < SB_CPU_LEVEL_COUNT; lv++) {
+            const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
+            if (!k)
+                continue;
+            const sb_gemm_fn g = k->gemm[type];
+            g(n, w, ws, nr, x, xs, 1, y, (size_t)nr);
+            if (memcmp(y, y_ref, sizeof(float) * (size_t)nr) != 0)
+                printf("  (%s %s differs from scalar!)\n", sb_cpu_level_name(k->level), t->name);
+
+            /* Each figure is the best of 5 runs: the machine may be shared. */
+            double hot = 0, cold = 0, gflops = 0;
+            const int64_t pr = lv == SB_CPU_SCALAR ? (nr < 64 ? nr : 64) : nr; /* prompt rows */
+            for (int run = 0; run < 5; run++) {
+                /* Decode, hot: the same matrix again and again. */
+                int reps = 0;
+                double t0 = now(), el;
+                do {
+                    g(n, w, ws, nr, x, xs, 1, y, (size_t)nr);
+                    reps++;
+                } while ((el = now() - t0) < 0.1);
+                hot = fmax(hot, (double)mat * reps / el * 1e-9);
+                /* Decode, cold: a different copy each call. */
+                reps = 0;
+                t0 = now();
+                do {
+                    g(n, w + (size_t)((run * 7 + reps) % (int)copies) * mat, ws, nr, x, xs, 1, y, (size_t)nr);
+                    reps++;
+                } while ((el = now() - t0) < 0.2);
+                cold = fmax(cold, (double)mat * reps / el * 1e-9);
+                /* Prompt: nt tokens at once. */
+                reps = 0;
+                t0 = now();
+                do {
+                    g(n, w, ws, pr, x, xs, nt, y, (size_t)pr);
+                    reps++;
+                } while ((el = now() - t0) < 0.2);
+                gflops = fmax(gflops, 2.0 * (double)n * (double)pr * (double)nt * reps / el * 1e-9);
+            }
+            printf("%-7s %-6s %8.1f GB/s %8.1f GB/s %8.1f GFLOP/s\n", sb_cpu_level_name(k->level), t->name, hot,
+                   cold, gflops);
+            fflush(stdout);
+        }
+        free(w);
+        free(x);
+        free(src);
+        free(y);
+        free(y_ref);
+    }
+    return 0;
+}

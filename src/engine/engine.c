@@ -1,0 +1,701 @@
+/*
+ * engine.c - the scheduler: continuous batching over the paged KV cache.
+ *
+ * Requests arrive on `incoming` (any thread) and move, on the engine thread,
+ * to `waiting` (FIFO) and then `running` (at most n_parallel, in admission
+ * order). One step:
+ *   1. drop cancelled requests, admit waiting ones (taking their cached
+ *      prefix blocks), oldest first;
+ *   2. plan the batch: one token for every sequence that is decoding, then
+ *      prompt chunks, within max_batch_tokens; give every planned position a
+ *      KV block, preempting the newest sequence when none is left;
+ *   3. run the forward pass once for the whole batch;
+ *   4. for each sequence that got logits: sample, detokenize, match stop
+ *      strings, report, and finish it if it is done; publish the blocks it
+ *      filled for prefix sharing.
+ * The engine lock guards the queues, cancellation flags and statistics; the
+ * forward pass and the callbacks run without it.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "engine/blocks.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "sampling/stop.h"
+
+#define MAX_TOP_LOGPROBS 20
+
+typedef struct seq {
+    uint64_t id;
+    sb_gen_cb cb;
+    void *user;
+    struct seq *next; /* in incoming / waiting */
+    sb_gen_params p;  /* stops and prompt pointers are not kept: see below */
+
+    int32_t *tokens; /* prompt, then generated tokens */
+    int32_t n_tokens, cap_tokens, n_prompt;
+    int32_t n_computed; /* positions whose keys and values are in the cache */
+    int32_t *blocks;    /* block table */
+    int32_t n_blocks;
+    int32_t n_published; /* leading blocks published for prefix sharing */
+    uint64_t prefix_hash; /* hash of the first n_published blocks */
+    int32_t n_cached;     /* prompt positions taken from the prefix cache */
+    int32_t n_generated;
+    int64_t admitted;     /* admission order; preemption takes the highest */
+
+    sb_sampler_t *sampler;
+    sb_detok_t *detok;
+    sb_stop_t *stop;
+    char *text; /* detokenizer + stop-matcher output of one step */
+    size_t text_cap;
+    float *embd_sum; /* embedding requests: sum of final hidden states */
+
+    double t_submit, t_first;
+    bool cancelled;
+    int32_t planned; /* tokens in this step's batch */
+} seq;
+
+struct sb_engine {
+    const sb_model *model;
+    sb_engine_params p;
+    sb_threadpool *pool;
+    sb_kv kv;
+    sb_forward fwd;
+    sb_blocks *blocks;
+    sb_batch_token *batch;
+    seq **running; /* n_parallel slots, admission order */
+    int32_t n_running;
+    seq *waiting, *waiting_tail;
+    int64_t n_admitted;
+    float *logprobs; /* (n_vocab) scratch */
+
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    bool stop;
+    seq *incoming, *incoming_tail; /* guarded by lock */
+    int32_t n_incoming;
+    int32_t n_queued; /* submitted, not running (incoming + waiting); guarded by lock */
+    uint64_t next_id;
+    uint64_t *cancels; /* guarded by lock */
+    int32_t n_cancels, cap_cancels;
+    sb_engine_stats stats; /* guarded by lock */
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+sb_engine_params sb_engine_default_params(void) {
+    return (sb_engine_params){.n_ctx = 4096, .n_parallel = 8, .max_batch_tokens = 512, .max_queue = 256,
+                              .n_threads = 0, .block_size = 16};
+}
+
+/* ---- sequences ------------------------------------------------------------ */
+
+static void seq_free(seq *s) {
+    if (!s)
+        return;
+    sb_sampler_free(s->sampler);
+    sb_detok_free(s->detok);
+    sb_stop_free(s->stop);
+    sb_free(s->tokens);
+    sb_free(s->blocks);
+    sb_free(s->text);
+    sb_free(s->embd_sum);
+    sb_free(s);
+}
+
+static sb_status seq_create(const sb_engine *e, const sb_gen_params *p, seq **out, sb_error *err) {
+    const sb_model *m = e->model;
+    *out = NULL;
+    if (p->n_prompt <= 0)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "the prompt is empty");
+    if (p->n_prompt >= e->p.n_ctx)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "the prompt has %d tokens; the context holds %d", p->n_prompt,
+                       e->p.n_ctx);
+    for (int32_t i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= m->hp.n_vocab)
+            return sb_fail(err, SB_ERR_INVALID_ARG, "prompt token %d at index %d is outside the vocabulary",
+                           p->prompt[i], i);
+    if (p->top_logprobs < 0 || p->top_logprobs > MAX_TOP_LOGPROBS)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "top_logprobs must be in 0..%d, got %d", MAX_TOP_LOGPROBS,
+                       p->top_logprobs);
+    seq *s = sb_calloc(1, sizeof(*s));
+    if (!s)
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    s->p = *p;
+    s->p.prompt = NULL;
+    s->p.stops = NULL;
+    s->n_prompt = s->n_tokens = p->n_prompt;
+    s->cap_tokens = p->n_prompt + 64;
+    s->tokens = sb_malloc((size_t)s->cap_tokens * sizeof(int32_t));
+    s->blocks = sb_malloc(((size_t)e->p.n_ctx / e->p.block_size + 2) * sizeof(int32_t));
+    s->text_cap = 512;
+    s->text = sb_malloc(s->text_cap);
+    sb_status st = SB_OK;
+    if (!s->tokens || !s->blocks || !s->text)
+        st = sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    if (st == SB_OK && p->embedding && !(s->embd_sum = sb_calloc((size_t)m->hp.n_embd, sizeof(float))))
+        st = sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    if (st == SB_OK && !p->embedding) {
+        st = sb_sampler_create(&p->sampling, m->hp.n_vocab, &s->sampler, err);
+        if (st == SB_OK)
+            st = sb_detok_create(m, false, &s->detok, err);
+        if (st == SB_OK)
+            st = sb_stop_create(p->stops, p->n_stops, &s->stop, err);
+    }
+    if (st != SB_OK) {
+        seq_free(s);
+        return st;
+    }
+    memcpy(s->tokens, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
+    for (int32_t i = 0; s->sampler && i < p->n_prompt; i++)
+        sb_sampler_accept(s->sampler, p->prompt[i]);
+    *out = s;
+    return SB_OK;
+}
+
+/* Gives back every block (the KV stays cached where it was published). */
+static void seq_drop_blocks(sb_engine *e, seq *s) {
+    for (int32_t i = 0; i < s->n_blocks; i++)
+        sb_blocks_release(e->blocks, s->blocks[i]);
+    s->n_blocks = s->n_published = 0;
+    s->n_computed = 0;
+    s->prefix_hash = 0;
+}
+
+/* Takes the longest cached prefix of the sequence's tokens, in whole
+ * blocks, leaving at least one token to compute (its logits are needed). */
+static void seq_take_prefix(sb_engine *e, seq *s) {
+    int32_t bs = e->p.block_size;
+    while ((s->n_blocks + 1) * bs <= s->n_tokens - 1) {
+        uint64_t h = sb_blocks_hash(s->prefix_hash, s->tokens + (size_t)s->n_blocks * bs, bs);
+        int32_t blk = sb_blocks_lookup(e->blocks, h);
+        if (blk < 0)
+            break;
+        s->blocks[s->n_blocks++] = blk;
+        s->n_published = s->n_blocks;
+        s->prefix_hash = h;
+    }
+    s->n_computed = s->n_blocks * bs;
+    if (s->n_generated == 0)
+        s->n_cached = SB_MIN(s->n_computed, s->n_prompt);
+}
+
+/* Publishes the blocks the sequence has completely computed. */
+static void seq_publish(sb_engine *e, seq *s) {
+    int32_t bs = e->p.block_size;
+    while ((s->n_published + 1) * bs <= s->n_computed) {
+        s->prefix_hash = sb_blocks_hash(s->prefix_hash, s->tokens + (size_t)s->n_published * bs, bs);
+        sb_blocks_publish(e->blocks, s->blocks[s->n_published], s->prefix_hash);
+        s->n_published++;
+    }
+}
+
+static bool seq_append_token(seq *s, int32_t tok) {
+    if (s->n_tokens == s->cap_tokens) {
+        int32_t cap = s->cap_tokens * 2;
+        int32_t *t = sb_realloc(s->tokens, (size_t)cap * sizeof(int32_t));
+        if (!t)
+            return false;
+        s->tokens = t;
+        s->cap_tokens = cap;
+    }
+    s->tokens[s->n_tokens++] = tok;
+    return true;
+}
+
+/* ---- events ----------------------------------------------------------------- */
+
+static void finish(sb_engine *e, seq *s, sb_finish why, const char *error) {
+    sb_gen_event ev = {.kind = SB_GEN_DONE, .finish = why, .n_prompt = s->n_prompt, .n_prompt_cached = s->n_cached,
+                       .n_generated = s->n_generated, .error = error};
+    size_t n = 0;
+    if (s->detok && why != SB_FINISH_CANCELLED && why != SB_FINISH_ERROR) {
+        /* What the detokenizer and the stop matcher still hold is text. */
+        char piece[64];
+        size_t k = sb_detok_flush(s->detok, piece, sizeof(piece));
+        if (s->text_cap >= k + sb_stop_max_len(s->stop) + 1) {
+            n = sb_stop_push(s->stop, piece, k, s->text, s->text_cap, NULL);
+            n += sb_stop_flush(s->stop, s->text + n, s->text_cap - n);
+        }
+    }
+    ev.text = s->text;
+    ev.text_len = n;
+    if (s->embd_sum) {
+        ev.embedding = s->embd_sum;
+        ev.n_embd = e->model->hp.n_embd;
+    }
+    ev.ttft_s = s->t_first > 0 ? s->t_first - s->t_submit : 0;
+    seq_drop_blocks(e, s);
+    s->cb(s->user, &ev);
+}
+
+/* log-softmax of logits into e->logprobs; returns the chosen token's. */
+static float log_softmax(sb_engine *e, const float *logits, int32_t tok) {
+    int32_t n = e->model->hp.n_vocab;
+    float max = logits[0];
+    for (int32_t i = 1; i < n; i++)
+        max = logits[i] > max ? logits[i] : max;
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++)
+        sum += exp((double)(logits[i] - max));
+    float lse = max + (float)log(sum);
+    for (int32_t i = 0; i < n; i++)
+        e->logprobs[i] = logits[i] - lse;
+    return e->logprobs[tok];
+}
+
+/* The k most likely tokens of e->logprobs, most likely first (k <= 20). */
+static int32_t top_k(const sb_engine *e, int32_t k, sb_top_logprob *out) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->model->hp.n_vocab; i++) {
+        float lp = e->logprobs[i];
+        if (n == k && lp <= out[n - 1].logprob)
+            continue;
+        int32_t j = n < k ? n++ : k - 1;
+        while (j > 0 && out[j - 1].logprob < lp) {
+            out[j] = out[j - 1];
+            j--;
+        }
+        out[j] = (sb_top_logprob){i, lp};
+    }
+    return n;
+}
+
+/* Samples the next token of a sequence whose tokens are all computed and
+ * reports it; returns false when the sequence has finished (and been freed
+ * by its owner: the caller removes it). */
+static bool advance(sb_engine *e, seq *s, const float *logits, sb_finish *why) {
+    const sb_model *m = e->model;
+    int32_t tok = sb_sampler_sample(s->sampler, logits);
+    if (s->t_first == 0)
+        s->t_first = now_s();
+    if (sb_model_token_is_eog(m, tok) && !s->p.ignore_eos) {
+        *why = SB_FINISH_STOP;
+        return false;
+    }
+    if (!seq_append_token(s, tok)) {
+        *why = SB_FINISH_ERROR;
+        return false;
+    }
+    sb_sampler_accept(s->sampler, tok);
+    s->n_generated++;
+    sb_gen_event ev = {.kind = SB_GEN_TOKEN, .token = tok};
+    sb_top_logprob top[MAX_TOP_LOGPROBS];
+    if (s->p.logprobs || s->p.top_logprobs > 0) {
+        ev.logprob = log_softmax(e, logits, tok);
+        ev.n_top = top_k(e, s->p.top_logprobs, top);
+        ev.top = top;
+    }
+    char piece[256];
+    size_t k = sb_detok_push(s->detok, tok, false, piece, sizeof(piece));
+    bool stopped = false;
+    size_t need = k + sb_stop_max_len(s->stop) + 1;
+    if (need > s->text_cap) {
+        char *t = sb_realloc(s->text, need);
+        if (!t) {
+            *why = SB_FINISH_ERROR;
+            return false;
+        }
+        s->text = t;
+        s->text_cap = need;
+    }
+    ev.text = s->text;
+    ev.text_len = sb_stop_push(s->stop, piece, k, s->text, s->text_cap, &stopped);
+    s->cb(s->user, &ev);
+    if (stopped) {
+        *why = SB_FINISH_STOP;
+        return false;
+    }
+    if ((s->p.max_tokens > 0 && s->n_generated >= s->p.max_tokens) || s->n_tokens >= e->p.n_ctx) {
+        *why = SB_FINISH_LENGTH;
+        return false;
+    }
+    return true;
+}
+
+/* ---- scheduling ------------------------------------------------------------- */
+
+static void remove_running(sb_engine *e, int32_t i) {
+    memmove(&e->running[i], &e->running[i + 1], (size_t)(e->n_running - i - 1) * sizeof(seq *));
+    e->n_running--;
+}
+
+static void push_waiting_front(sb_engine *e, seq *s) {
+    s->next = e->waiting;
+    e->waiting = s;
+    if (!e->waiting_tail)
+        e->waiting_tail = s;
+}
+
+/* Frees the newest running sequence's blocks and queues it to resume first
+ * (its tokens so far become the prompt it recomputes). */
+static void preempt(sb_engine *e, int32_t i) {
+    seq *s = e->running[i];
+    seq_drop_blocks(e, s);
+    s->planned = 0;
+    remove_running(e, i);
+    push_waiting_front(e, s);
+    pthread_mutex_lock(&e->lock);
+    e->stats.preemptions++;
+    e->n_queued++;
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* Gives sequence s blocks for positions up to n_computed + n - 1; on
+ * exhaustion preempts the newest sequence (possibly s itself, then false). */
+static bool reserve(sb_engine *e, seq *s, int32_t n) {
+    int32_t bs = e->p.block_size;
+    while (s->n_blocks * bs < s->n_computed + n) {
+        int32_t blk = sb_blocks_alloc(e->blocks);
+        if (blk >= 0) {
+            s->blocks[s->n_blocks++] = blk;
+            continue;
+        }
+        int32_t victim = e->n_running - 1; /* running[] is in admission order */
+        bool self = e->running[victim] == s;
+        preempt(e, victim);
+        if (self)
+            return false;
+    }
+    return true;
+}
+
+static void take_incoming(sb_engine *e) {
+    pthread_mutex_lock(&e->lock);
+    if (e->incoming) {
+        if (e->waiting_tail)
+            e->waiting_tail->next = e->incoming;
+        else
+            e->waiting = e->incoming;
+        e->waiting_tail = e->incoming_tail;
+        e->incoming = e->incoming_tail = NULL;
+        e->n_incoming = 0;
+    }
+    /* Cancellations: mark; the step drops them. */
+    for (int32_t c = 0; c < e->n_cancels; c++) {
+        for (int32_t i = 0; i < e->n_running; i++)
+            if (e->running[i]->id == e->cancels[c])
+                e->running[i]->cancelled = true;
+        for (seq *s = e->waiting; s; s = s->next)
+            if (s->id == e->cancels[c])
+                s->cancelled = true;
+    }
+    e->n_cancels = 0;
+    pthread_mutex_unlock(&e->lock);
+}
+
+static void drop_cancelled(sb_engine *e) {
+    for (int32_t i = 0; i < e->n_running;) {
+        seq *s = e->running[i];
+        if (!s->cancelled) {
+            i++;
+            continue;
+        }
+        remove_running(e, i);
+        finish(e, s, SB_FINISH_CANCELLED, NULL);
+        seq_free(s);
+    }
+    for (seq **pp = &e->waiting; *pp;) {
+        seq *s = *pp;
+        if (!s->cancelled) {
+            e->waiting_tail = s;
+            pp = &s->next;
+            continue;
+        }
+        *pp = s->next;
+        pthread_mutex_lock(&e->lock);
+        e->n_queued--;
+        pthread_mutex_unlock(&e->lock);
+        finish(e, s, SB_FINISH_CANCELLED, NULL);
+        seq_free(s);
+    }
+    if (!e->waiting)
+        e->waiting_tail = NULL;
+}
+
+/* Admits waiting sequences, oldest first, while there are slots and free
+ * blocks for all of a sequence's tokens so far: admitting one that would
+ * only preempt another at once is churn, not progress. */
+static void admit(sb_engine *e) {
+    int32_t n = 0, bs = e->p.block_size;
+    uint64_t cached = 0;
+    for (; e->waiting && e->n_running < e->p.n_parallel; n++) {
+        seq *s = e->waiting;
+        int32_t need = (s->n_tokens + bs - 1) / bs;
+        if (e->n_running > 0 && need > sb_blocks_n_total(e->blocks) - sb_blocks_n_held(e->blocks))
+            break;
+        e->waiting = s->next;
+        if (!e->waiting)
+            e->waiting_tail = NULL;
+        s->next = NULL;
+        s->admitted = e->n_admitted++;
+        seq_take_prefix(e, s);
+        if (s->n_generated == 0)
+            cached += (uint64_t)s->n_cached;
+        e->running[e->n_running++] = s;
+    }
+    pthread_mutex_lock(&e->lock);
+    e->n_queued -= n;
+    e->stats.prompt_tokens_cached += cached;
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* One scheduling step; returns false when there was nothing to do. */
+static bool step(sb_engine *e) {
+    take_incoming(e);
+    drop_cancelled(e);
+    admit(e);
+    if (e->n_running == 0)
+        return false;
+
+    /* Plan: decoding sequences first (one token each), then prompt chunks. */
+    int32_t budget = e->p.max_batch_tokens;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t i = 0; i < e->n_running && budget > 0; i++) {
+            seq *s = e->running[i];
+            int32_t pending = s->n_tokens - s->n_computed;
+            bool decoding = pending == 1 && s->n_generated > 0;
+            if ((pass == 0) != decoding)
+                continue;
+            s->planned = SB_MIN(pending, budget);
+            budget -= s->planned;
+        }
+    }
+    /* Blocks for every planned position, oldest sequence first. */
+    for (int32_t i = 0; i < e->n_running; i++) {
+        seq *s = e->running[i];
+        if (s->planned && !reserve(e, s, s->planned))
+            i--; /* s was preempted: running[i] is the next one */
+    }
+
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->n_running; i++) {
+        seq *s = e->running[i];
+        for (int32_t t = 0; t < s->planned; t++) {
+            int32_t pos = s->n_computed + t;
+            bool last = pos == s->n_tokens - 1;
+            e->batch[n++] = (sb_batch_token){.token = s->tokens[pos], .pos = pos, .blocks = s->blocks,
+                                             .want_logits = last && !s->p.embedding, .want_embd = s->p.embedding};
+        }
+    }
+    if (n == 0)
+        return true;
+    sb_forward_run(&e->fwd, &e->kv, e->batch, n);
+
+    /* Results, in batch order: logits rows belong to the sequences whose
+     * last token was in the batch. */
+    int32_t row = 0, bi = 0;
+    uint64_t computed = 0, generated = 0;
+    for (int32_t i = 0; i < e->n_running;) {
+        seq *s = e->running[i];
+        int32_t fed = s->planned;
+        s->planned = 0;
+        if (fed == 0) {
+            i++;
+            continue;
+        }
+        if (s->n_generated == 0)
+            computed += (uint64_t)SB_MAX(0, SB_MIN(s->n_computed + fed, s->n_prompt) - s->n_computed);
+        if (s->embd_sum)
+            for (int32_t t = 0; t < fed; t++)
+                for (int32_t d = 0; d < e->model->hp.n_embd; d++)
+                    s->embd_sum[d] += e->fwd.embd[(size_t)(bi + t) * e->model->hp.n_embd + d];
+        bi += fed;
+        s->n_computed += fed;
+        seq_publish(e, s);
+        bool done_prompt = s->n_computed == s->n_tokens;
+        sb_finish why = SB_FINISH_NONE;
+        if (done_prompt && s->embd_sum) {
+            double norm = 0;
+            for (int32_t d = 0; d < e->model->hp.n_embd; d++)
+                norm += (double)s->embd_sum[d] * s->embd_sum[d];
+            float inv = norm > 0 ? (float)(1.0 / sqrt(norm)) : 0.0f;
+            for (int32_t d = 0; d < e->model->hp.n_embd; d++)
+                s->embd_sum[d] *= inv; /* the mean's direction: the 1/n cancels */
+            s->t_first = now_s();
+            why = SB_FINISH_STOP;
+        } else if (done_prompt) {
+            bool more = advance(e, s, e->fwd.logits + (size_t)row++ * e->model->hp.n_vocab, &why);
+            generated++;
+            if (more)
+                why = SB_FINISH_NONE;
+        }
+        if (why != SB_FINISH_NONE) {
+            remove_running(e, i);
+            finish(e, s, why, why == SB_FINISH_ERROR ? "out of memory" : NULL);
+            seq_free(s);
+        } else {
+            i++;
+        }
+    }
+
+    pthread_mutex_lock(&e->lock);
+    e->stats.prompt_tokens_computed += computed;
+    e->stats.generated_tokens += generated;
+    e->stats.steps++;
+    pthread_mutex_unlock(&e->lock);
+    return true;
+}
+
+static void *engine_main(void *arg) {
+    sb_engine *e = arg;
+    for (;;) {
+        bool worked = step(e);
+        pthread_mutex_lock(&e->lock);
+        e->stats.running = e->n_running;
+        e->stats.waiting = e->n_queued;
+        e->stats.kv_blocks_used = sb_blocks_n_held(e->blocks);
+        bool quit = e->stop;
+        while (!worked && !quit && !e->incoming && e->n_cancels == 0 && e->n_running == 0) {
+            pthread_cond_wait(&e->wake, &e->lock);
+            quit = e->stop;
+        }
+        pthread_mutex_unlock(&e->lock);
+        if (quit)
+            return NULL;
+    }
+}
+
+/* ---- public ----------------------------------------------------------------- */
+
+sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *params, sb_engine **out, sb_error *err) {
+    *out = NULL;
+    sb_engine_params p = params ? *params : sb_engine_default_params();
+    if (p.n_ctx <= 0 || p.n_parallel <= 0 || p.max_batch_tokens <= 0 || p.max_queue <= 0 || p.block_size <= 0 ||
+        p.n_threads < 0)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "engine parameters must be positive (n_ctx %d, parallel %d, batch %d, "
+                       "queue %d, block %d)", p.n_ctx, p.n_parallel, p.max_batch_tokens, p.max_queue, p.block_size);
+    p.n_ctx = (p.n_ctx + p.block_size - 1) / p.block_size * p.block_size;
+    p.max_batch_tokens = SB_MAX(p.max_batch_tokens, p.n_parallel); /* every running sequence can decode */
+    sb_engine *e = sb_calloc(1, sizeof(*e));
+    if (!e)
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    e->model = model;
+    e->p = p;
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    int n_threads = p.n_threads ? p.n_threads : SB_MAX(1, (int)sysconf(_SC_NPROCESSORS_ONLN));
+    int32_t n_blocks = p.n_ctx / p.block_size;
+    sb_status st = sb_threadpool_create(n_threads, &e->pool, err);
+    if (st == SB_OK)
+        st = sb_kv_init(&e->kv, model, n_blocks, p.block_size, err);
+    if (st == SB_OK)
+        st = sb_forward_init(&e->fwd, model, e->pool, p.max_batch_tokens, p.n_parallel, p.n_ctx, err);
+    if (st == SB_OK)
+        st = sb_blocks_create(n_blocks, &e->blocks, err);
+    if (st == SB_OK) {
+        e->batch = sb_calloc((size_t)p.max_batch_tokens, sizeof(*e->batch));
+        e->running = sb_calloc((size_t)p.n_parallel, sizeof(seq *));
+        e->logprobs = sb_malloc((size_t)model->hp.n_vocab * sizeof(float));
+        if (!e->batch || !e->running || !e->logprobs)
+            st = sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    }
+    e->stats.kv_blocks_total = n_blocks;
+    e->stats.block_size = p.block_size;
+    if (st == SB_OK && pthread_create(&e->thread, NULL, engine_main, e) != 0)
+        st = sb_fail(err, SB_ERR_NOMEM, "cannot start the engine thread");
+    if (st != SB_OK) {
+        e->thread = 0;
+        sb_engine_free(e);
+        return st;
+    }
+    *out = e;
+    return SB_OK;
+}
+
+void sb_engine_free(sb_engine *e) {
+    if (!e)
+        return;
+    if (e->thread) {
+        pthread_mutex_lock(&e->lock);
+        e->stop = true;
+        pthread_cond_signal(&e->wake);
+        pthread_mutex_unlock(&e->lock);
+        pthread_join(e->thread, NULL);
+    }
+    /* Everything still queued or running ends as cancelled. */
+    take_incoming(e);
+    for (int32_t i = 0; i < e->n_running; i++)
+        e->running[i]->cancelled = true;
+    for (seq *s = e->waiting; s; s = s->next)
+        s->cancelled = true;
+    if (e->running)
+        drop_cancelled(e);
+    sb_free(e->batch);
+    sb_free(e->running);
+    sb_free(e->logprobs);
+    sb_free(e->cancels);
+    sb_blocks_free(e->blocks);
+    sb_forward_free(&e->fwd);
+    sb_kv_free(&e->kv);
+    sb_threadpool_free(e->pool);
+    pthread_mutex_destroy(&e->lock);
+    pthread_cond_destroy(&e->wake);
+    sb_free(e);
+}
+
+sb_status sb_engine_submit(sb_engine *e, const sb_gen_params *p, sb_gen_cb cb, void *user, uint64_t *id,
+                           sb_error *err) {
+    seq *s;
+    sb_status st = seq_create(e, p, &s, err);
+    if (st != SB_OK)
+        return st;
+    s->cb = cb;
+    s->user = user;
+    s->t_submit = now_s();
+    pthread_mutex_lock(&e->lock);
+    if (e->n_queued >= e->p.max_queue) {
+        pthread_mutex_unlock(&e->lock);
+        seq_free(s);
+        return sb_fail(err, SB_ERR_BUSY, "%d requests are already waiting (the queue holds %d)", e->p.max_queue,
+                       e->p.max_queue);
+    }
+    s->id = ++e->next_id;
+    if (e->incoming_tail)
+        e->incoming_tail->next = s;
+    else
+        e->incoming = s;
+    e->incoming_tail = s;
+    e->n_incoming++;
+    e->n_queued++;
+    if (id)
+        *id = s->id;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->lock);
+    return SB_OK;
+}
+
+void sb_engine_cancel(sb_engine *e, uint64_t id) {
+    pthread_mutex_lock(&e->lock);
+    if (e->n_cancels == e->cap_cancels) {
+        int32_t cap = e->cap_cancels ? 2 * e->cap_cancels : 16;
+        uint64_t *c = sb_realloc(e->cancels, (size_t)cap * sizeof(uint64_t));
+        if (!c) {
+            pthread_mutex_unlock(&e->lock);
+            return;
+        }
+        e->cancels = c;
+        e->cap_cancels = cap;
+    }
+    /* A request still in `incoming` is cancelled once it moves to waiting. */
+    e->cancels[e->n_cancels++] = id;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->lock);
+}
+
+void sb_engine_get_stats(sb_engine *e, sb_engine_stats *out) {
+    pthread_mutex_lock(&e->lock);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->lock);
+}

@@ -1,0 +1,121 @@
+/*
+ * engine.h - one model's serving engine: a scheduler thread that runs many
+ * generation requests at once (continuous batching) over a paged KV cache
+ * with prefix sharing.
+ *
+ * Each step the scheduler forms one batch from the next token of every
+ * running sequence plus chunks of waiting prompts, up to max_batch_tokens,
+ * runs it through the model, samples, and reports to each request through
+ * its callback. Prompts that share a prefix (a system prompt, a chat
+ * history) reuse the KV blocks already computed for it. When the cache is
+ * full the newest sequence is preempted (its blocks freed) and resumed later
+ * by recomputing: requests are never failed for lack of cache.
+ *
+ * Threads: submit/cancel/stats may be called from any thread. Callbacks run
+ * on the engine thread and must not block for long (copy the event and
+ * return); after a request's SB_GEN_DONE event its callback is never called
+ * again and its id is dead.
+ *
+ * Batch invariance: a request's greedy output is identical whether it runs
+ * alone or batched with others, because every kernel computes each
+ * (row, token) result the same way whatever the batch holds.
+ */
+#ifndef SB_ENGINE_H
+#define SB_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "switchboard.h"
+
+typedef struct sb_engine sb_engine;
+
+typedef struct sb_engine_params {
+    int32_t n_ctx;            /* KV-cache positions shared by all sequences (one request may use all) */
+    int32_t n_parallel;       /* most sequences running at once */
+    int32_t max_batch_tokens; /* most tokens in one forward step */
+    int32_t max_queue;        /* most requests waiting; beyond it submit fails with SB_ERR_BUSY */
+    int32_t n_threads;        /* 0: one per online core */
+    int32_t block_size;       /* KV positions per block (prefix sharing granularity) */
+} sb_engine_params;
+sb_engine_params sb_engine_default_params(void);
+
+typedef struct sb_gen_params {
+    const int32_t *prompt; /* token ids, BOS included if the model wants one; copied */
+    int32_t n_prompt;
+    int32_t max_tokens;    /* generated tokens at most; <= 0: until the context is full */
+    sb_sampler_params sampling;
+    const char *const *stops; /* stop strings (copied); generation ends before the first match */
+    size_t n_stops;
+    int32_t top_logprobs;  /* > 0: report that many alternatives per token (at most 20) */
+    bool logprobs;         /* report the chosen token's log-probability */
+    bool ignore_eos;
+    bool embedding;        /* no generation: report the mean-pooled, L2-normalized final hidden state */
+} sb_gen_params;
+
+typedef enum sb_finish {
+    SB_FINISH_NONE = 0, /* not finished (token events) */
+    SB_FINISH_STOP,     /* end-of-generation token or stop string */
+    SB_FINISH_LENGTH,   /* max_tokens or the context is full */
+    SB_FINISH_CANCELLED,
+    SB_FINISH_ERROR,
+} sb_finish;
+
+typedef struct sb_top_logprob {
+    int32_t token;
+    float logprob;
+} sb_top_logprob;
+
+typedef struct sb_gen_event {
+    enum { SB_GEN_TOKEN, SB_GEN_DONE } kind;
+    /* SB_GEN_TOKEN: one generated token and the text it completes (may be
+     * empty: part of a UTF-8 character, or held back by a stop string). */
+    int32_t token;
+    const char *text;
+    size_t text_len;
+    float logprob;               /* if requested */
+    const sb_top_logprob *top;   /* n_top entries, most likely first */
+    int32_t n_top;
+    /* SB_GEN_DONE: why it ended, the text still held back (flushed), usage. */
+    sb_finish finish;
+    int32_t n_prompt;        /* prompt tokens */
+    int32_t n_prompt_cached; /* of which reused from the prefix cache */
+    int32_t n_generated;
+    double ttft_s;           /* submit to first token (or to the embedding) */
+    const float *embedding;  /* n_embd floats, for embedding requests */
+    int32_t n_embd;
+    const char *error;       /* SB_FINISH_ERROR: what went wrong */
+} sb_gen_event;
+
+typedef void (*sb_gen_cb)(void *user, const sb_gen_event *ev);
+
+/* Starts the engine thread for `model` (borrowed: must outlive the engine). */
+sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *params, sb_engine **out, sb_error *err);
+/* Cancels everything still running (their callbacks get SB_FINISH_CANCELLED)
+ * and stops the thread. */
+void sb_engine_free(sb_engine *e);
+
+/* Queues a request. Fails with SB_ERR_INVALID_ARG for bad parameters (a
+ * prompt longer than the context, an id outside the vocabulary), and with
+ * SB_ERR_BUSY when the queue is full; then the callback is never called.
+ * On success *id names the request for sb_engine_cancel. */
+sb_status sb_engine_submit(sb_engine *e, const sb_gen_params *p, sb_gen_cb cb, void *user, uint64_t *id,
+                           sb_error *err);
+/* Ends a request (e.g. its client went away) within one step; its callback
+ * gets SB_FINISH_CANCELLED unless it had already finished. Unknown ids are
+ * ignored. */
+void sb_engine_cancel(sb_engine *e, uint64_t id);
+
+typedef struct sb_engine_stats {
+    int32_t waiting, running;
+    int32_t kv_blocks_used, kv_blocks_total, block_size;
+    uint64_t prompt_tokens_computed; /* prompt positions run through the model */
+    uint64_t prompt_tokens_cached;   /* prompt positions reused from the prefix cache */
+    uint64_t generated_tokens;
+    uint64_t preemptions;
+    uint64_t steps;
+} sb_engine_stats;
+void sb_engine_get_stats(sb_engine *e, sb_engine_stats *out);
+
+#endif

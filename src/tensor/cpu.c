@@ -1,0 +1,159 @@
+/*
+ * cpu.c - the kernel dispatch table: which ISA level this CPU runs (CPUID
+ * and XGETBV, capped by SB_CPU), and one table of gemm / activation kernels
+ * per level, built once.
+ *
+ * The scalar level is the type table's reference kernels (a gemm that calls
+ * vec_dot per output); the x86 levels start as a copy of it and override the
+ * entries they have SIMD kernels for, so a type without a SIMD kernel (yet)
+ * still works at every level.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor/tensor-impl.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+/* ---- scalar level ------------------------------------------------------ */
+
+/* Row-outer: a weight row is read once for all tokens. */
+static void gemm_ref(sb_vec_dot_fn dot, int64_t n, const void *w, size_t w_stride, int64_t nr, const void *x,
+                     size_t x_stride, int64_t nt, float *y, size_t ldy) {
+    for (int64_t r = 0; r < nr; r++) {
+        const char *wr = (const char *)w + (size_t)r * w_stride;
+        for (int64_t t = 0; t < nt; t++)
+            y[(size_t)t * ldy + (size_t)r] = dot(n, wr, (const char *)x + (size_t)t * x_stride);
+    }
+}
+
+/* sb_gemm_fn carries no type, so the scalar level has one small wrapper per
+ * type id around its vec_dot; entries are used only where the type table
+ * has a vec_dot, so types gaining one later get a scalar gemm for free. */
+#define GEMM_REF(id)                                                                                             \
+    static void gemm_ref_##id(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs,        \
+                              int64_t nt, float *y, size_t ldy) {                                               \
+        gemm_ref(sb_type_traits_of(id)->vec_dot, n, w, ws, nr, x, xs, nt, y, ldy);                              \
+    }
+#define GEMM_REF_10(d)                                                                                           \
+    GEMM_REF(d##0) GEMM_REF(d##1) GEMM_REF(d##2) GEMM_REF(d##3) GEMM_REF(d##4) GEMM_REF(d##5) GEMM_REF(d##6)     \
+        GEMM_REF(d##7) GEMM_REF(d##8) GEMM_REF(d##9)
+GEMM_REF(0) GEMM_REF(1) GEMM_REF(2) GEMM_REF(3) GEMM_REF(4) GEMM_REF(5) GEMM_REF(6) GEMM_REF(7) GEMM_REF(8)
+GEMM_REF(9) GEMM_REF_10(1) GEMM_REF_10(2) GEMM_REF_10(3)
+
+static const sb_gemm_fn gemm_ref_by_id[] = {
+    gemm_ref_0,  gemm_ref_1,  gemm_ref_2,  gemm_ref_3,  gemm_ref_4,  gemm_ref_5,  gemm_ref_6,  gemm_ref_7,
+    gemm_ref_8,  gemm_ref_9,  gemm_ref_10, gemm_ref_11, gemm_ref_12, gemm_ref_13, gemm_ref_14, gemm_ref_15,
+    gemm_ref_16, gemm_ref_17, gemm_ref_18, gemm_ref_19, gemm_ref_20, gemm_ref_21, gemm_ref_22, gemm_ref_23,
+    gemm_ref_24, gemm_ref_25, gemm_ref_26, gemm_ref_27, gemm_ref_28, gemm_ref_29, gemm_ref_30, gemm_ref_31,
+    gemm_ref_32, gemm_ref_33, gemm_ref_34, gemm_ref_35, gemm_ref_36, gemm_ref_37, gemm_ref_38, gemm_ref_39,
+};
+_Static_assert(sizeof(gemm_ref_by_id) / sizeof(gemm_ref_by_id[0]) == SB_TYPE_COUNT, "one wrapper per type id");
+
+static void fill_scalar(sb_kernels *k) {
+    memset(k, 0, sizeof(*k));
+    k->level = SB_CPU_SCALAR;
+    for (uint32_t id = 0; id < SB_TYPE_COUNT; id++) {
+        const sb_type_traits *t = sb_type_traits_of(id);
+        if (!t)
+            continue;
+        if (t->vec_dot)
+            k->gemm[id] = gemm_ref_by_id[id];
+        k->act_from_float[id] = t->act_from_float;
+    }
+}
+
+/* ---- CPU detection ----------------------------------------------------- */
+
+#if defined(__x86_64__)
+/* XCR0: which register states the OS saves on a context switch. */
+static uint64_t xgetbv0(void) {
+    uint32_t eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return (uint64_t)edx << 32 | eax;
+}
+
+static sb_cpu_level detect_level(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return SB_CPU_SCALAR;
+    const bool fma = c >> 12 & 1, osxsave = c >> 27 & 1, avx = c >> 28 & 1, f16c = c >> 29 & 1;
+    if (!osxsave || !avx)
+        return SB_CPU_SCALAR;
+    const uint64_t xcr0 = xgetbv0();
+    if ((xcr0 & 0x6) != 0x6) /* SSE and AVX state */
+        return SB_CPU_SCALAR;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return SB_CPU_SCALAR;
+    const bool avx2 = b >> 5 & 1, f = b >> 16 & 1, bw = b >> 30 & 1, vl = b >> 31 & 1, vnni = c >> 11 & 1;
+    if (!avx2 || !fma || !f16c)
+        return SB_CPU_SCALAR;
+    if (f && bw && vl && vnni && (xcr0 & 0xe0) == 0xe0) /* opmask, ZMM0-15 upper halves, ZMM16-31 */
+        return SB_CPU_AVX512;
+    return SB_CPU_AVX2;
+}
+#else
+static sb_cpu_level detect_level(void) { return SB_CPU_SCALAR; }
+#endif
+
+/* ---- the tables -------------------------------------------------------- */
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static sb_kernels tables[SB_CPU_LEVEL_COUNT];
+static sb_cpu_level cpu_level;    /* best level this CPU runs */
+static sb_cpu_level active_level; /* cpu_level capped by SB_CPU */
+
+static const char *const level_names[SB_CPU_LEVEL_COUNT] = {"scalar", "avx2", "avx512"};
+
+const char *sb_cpu_level_name(sb_cpu_level level) {
+    return (int)level >= 0 && (int)level < SB_CPU_LEVEL_COUNT ? level_names[level] : "?";
+}
+
+static void init(void) {
+    cpu_level = detect_level();
+    fill_scalar(&tables[SB_CPU_SCALAR]);
+#if defined(__x86_64__)
+    if (cpu_level >= SB_CPU_AVX2) {
+        tables[SB_CPU_AVX2] = tables[SB_CPU_SCALAR];
+        tables[SB_CPU_AVX2].level = SB_CPU_AVX2;
+        sb__kernels_fill_avx2(&tables[SB_CPU_AVX2]);
+    }
+    if (cpu_level >= SB_CPU_AVX512) {
+        tables[SB_CPU_AVX512] = tables[SB_CPU_SCALAR];
+        tables[SB_CPU_AVX512].level = SB_CPU_AVX512;
+        sb__kernels_fill_avx512(&tables[SB_CPU_AVX512]);
+    }
+#endif
+    active_level = cpu_level;
+    const char *env = getenv("SB_CPU");
+    if (env && *env) {
+        int want = -1;
+        for (int i = 0; i < SB_CPU_LEVEL_COUNT; i++)
+            if (strcmp(env, level_names[i]) == 0)
+                want = i;
+        if (want < 0)
+            fprintf(stderr, "switchboard: warning: SB_CPU=%s is not scalar, avx2 or avx512; using %s\n", env,
+                    level_names[cpu_level]);
+        else if (want > (int)cpu_level)
+            fprintf(stderr, "switchboard: warning: SB_CPU=%s but this CPU runs at most %s; using %s\n", env,
+                    level_names[cpu_level], level_names[cpu_level]);
+        else
+            active_level = (sb_cpu_level)want;
+    }
+}
+
+const sb_kernels *sb_kernels_active(void) {
+    pthread_once(&once, init);
+    return &tables[active_level];
+}
+
+const sb_kernels *sb_kernels_for(sb_cpu_level level) {
+    pthread_once(&once, init);
+    if ((int)level < 0 || (int)level > (int)cpu_level)
+        return NULL;
+    return &tables[level];
+}

@@ -1,0 +1,757 @@
+/*
+ * kquants.c - the K-quant formats Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and their
+ * activation type Q8_K: dequantization, ggml's reference quantizers, and
+ * reference dot products against Q8_K.
+ *
+ * Everything here must agree with ggml to the bit (tests/unit/
+ * test_ggml_oracle.c checks it against llama.cpp's own library):
+ *   - to_float gives the floats of ggml's dequantize_row_*;
+ *   - from_float writes the bytes of ggml's quantize_row_*_ref, which
+ *     searches per sub-block for the scale (and min) of least weighted error
+ *     (make_qkx2_quants, make_q3_quants, make_qx_quants), quantizes those
+ *     scales against the block's F16 super-scale, then re-rounds every
+ *     element against the scale it will actually be read back with;
+ *   - vec_dot follows the float order of ggml's x86 AVX2 kernels, what
+ *     llama.cpp runs on these machines (see "dot products" below).
+ *
+ * The five weight formats are described by data (kfmt): where their F16
+ * scales and packed sub-block scales sit, how the bits of a quant are split
+ * across bit planes, and the knobs of the scale search. One piece of code
+ * then reads, dequantizes, quantizes and dots them all; the switches on the
+ * format are only where ggml's formats genuinely differ (scale packing,
+ * the scale search, how the min term is accumulated).
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "tensor/kquants.h"
+#include "tensor/tensor-impl.h"
+
+#define NSUB_MAX (SB_QK_K / 16) /* most sub-blocks a block has */
+#define GROUP_MAX_EPS 1e-15f    /* ggml: a sub-block with |x| below this is all zero */
+
+/* ---- format descriptions ------------------------------------------------ */
+
+/* How a format packs its sub-block scales (and mins) and F16 super-scales. */
+typedef enum {
+    SCALES_Q2,   /* 16 bytes: scale in the low nibble, min in the high */
+    SCALES_Q3,   /* 12 bytes: 16 6-bit values, stored +32 */
+    SCALES_K4,   /* 12 bytes: 8 6-bit scales + 8 6-bit mins (Q4_K, Q5_K) */
+    SCALES_Q6,   /* 16 int8 */
+} scale_kind;
+
+/* How the scale search of ggml's quantizer picks a sub-block's scale. */
+typedef enum {
+    SEARCH_QKX2, /* make_qkx2_quants: scale and min, least weighted error */
+    SEARCH_Q3,   /* make_q3_quants: symmetric, iterative refinement */
+    SEARCH_QX,   /* make_qx_quants: symmetric, scan of 18 nearby scales */
+} search_kind;
+
+/* How ggml's AVX2 kernel folds the min term -dmin*sum(m*bsum) into the
+ * result (see dot_k). */
+typedef enum {
+    MINS_NONE,
+    MINS_IN_LANES, /* Q2_K: 8 group sums added to the 8 lane accumulators first */
+    MINS_APART,    /* Q4_K, Q5_K: n_min_groups accumulators of their own */
+} mins_kind;
+
+/*
+ * A bit plane holding `bits` bits of every quant. The plane is cut into
+ * chunks of `run` bytes; a chunk holds run*(8/bits) consecutive elements,
+ * the first `run` of them in the lowest bits of its bytes, the next `run`
+ * in the next bits, and so on. Element e of the block therefore sits at
+ *   byte  off + (e / (run*8/bits)) * run + e % run,
+ *   shift bits * ((e % (run*8/bits)) / run).
+ * All K-quant layouts are one or two such planes (ggml's loops that pack
+ * L[j + l], L[j + l + 32], ... into one byte).
+ */
+typedef struct {
+    uint8_t off;  /* byte offset in the block */
+    uint8_t bits; /* 1, 2 or 4; 0 = no such plane */
+    uint8_t run;  /* bytes per run */
+} plane;
+
+typedef struct kfmt {
+    uint8_t size;       /* bytes per block */
+    uint8_t sub;        /* elements per sub-block: 16 or 32 */
+    uint8_t off_d;      /* F16 d */
+    int8_t off_dmin;    /* F16 dmin, -1 if the format has no mins */
+    uint8_t off_scales; /* packed sub-block scales */
+    scale_kind scales;
+    plane lo, hi;       /* quant = lo | hi << lo.bits, 0..qmax */
+    uint8_t qmax;       /* 2^bits - 1 */
+    uint8_t bias;       /* value = quant - bias (Q3_K 4, Q6_K 32) */
+    /* Scale search of the reference quantizer. */
+    search_kind search;
+    float rmin;         /* SEARCH_QKX2: first scale tried is (qmax + rmin) / range, */
+    uint8_t nstep;      /*   then nstep more in steps of 0.1 */
+    bool use_mad;       /* SEARCH_QKX2: error is |diff| (Q2_K) rather than diff^2 */
+    /* Dot product. */
+    mins_kind mins;
+    uint8_t n_min_groups; /* MINS_IN_LANES / MINS_APART: accumulators of the min term */
+    bool bias_by_bsums;   /* Q6_K: the -bias is subtracted per 32 elements through the
+                             activation's bsums rather than per element */
+} kfmt;
+
+static const kfmt fmt_q2_K = {
+    .size = sizeof(sb_block_q2_K), .sub = 16,
+    .off_d = offsetof(sb_block_q2_K, d), .off_dmin = offsetof(sb_block_q2_K, dmin),
+    .off_scales = offsetof(sb_block_q2_K, scales), .scales = SCALES_Q2,
+    .lo = {offsetof(sb_block_q2_K, qs), 2, 32}, .qmax = 3,
+    .search = SEARCH_QKX2, .rmin = -0.5f, .nstep = 15, .use_mad = true,
+    .mins = MINS_IN_LANES, .n_min_groups = 8,
+};
+
+static const kfmt fmt_q3_K = {
+    .size = sizeof(sb_block_q3_K), .sub = 16,
+    .off_d = offsetof(sb_block_q3_K, d), .off_dmin = -1,
+    .off_scales = offsetof(sb_block_q3_K, scales), .scales = SCALES_Q3,
+    .lo = {offsetof(sb_block_q3_K, qs), 2, 32}, .hi = {offsetof(sb_block_q3_K, hmask), 1, 32},
+    .qmax = 7, .bias = 4,
+    .search = SEARCH_Q3,
+};
+
+static const kfmt fmt_q4_K = {
+    .size = sizeof(sb_block_q4_K), .sub = 32,
+    .off_d = offsetof(sb_block_q4_K, d), .off_dmin = offsetof(sb_block_q4_K, dmin),
+    .off_scales = offsetof(sb_block_q4_K, scales), .scales = SCALES_K4,
+    .lo = {offsetof(sb_block_q4_K, qs), 4, 32}, .qmax = 15,
+    .search = SEARCH_QKX2, .rmin = -1.0f, .nstep = 20,
+    .mins = MINS_APART, .n_min_groups = 4,
+};
+
+static const kfmt fmt_q5_K = {
+    .size = sizeof(sb_block_q5_K), .sub = 32,
+    .off_d = offsetof(sb_block_q5_K, d), .off_dmin = offsetof(sb_block_q5_K, dmin),
+    .off_scales = offsetof(sb_block_q5_K, scales), .scales = SCALES_K4,
+    .lo = {offsetof(sb_block_q5_K, qs), 4, 32}, .hi = {offsetof(sb_block_q5_K, qh), 1, 32},
+    .qmax = 31,
+    .search = SEARCH_QKX2, .rmin = -0.5f, .nstep = 15,
+    .mins = MINS_APART, .n_min_groups = 1,
+};
+
+static const kfmt fmt_q6_K = {
+    .size = sizeof(sb_block_q6_K), .sub = 16,
+    .off_d = offsetof(sb_block_q6_K, d), .off_dmin = -1,
+    .off_scales = offsetof(sb_block_q6_K, scales), .scales = SCALES_Q6,
+    .lo = {offsetof(sb_block_q6_K, ql), 4, 64}, .hi = {offsetof(sb_block_q6_K, qh), 2, 32},
+    .qmax = 63, .bias = 32,
+    .search = SEARCH_QX,
+    .bias_by_bsums = true,
+};
+
+/* ---- reading and writing blocks ---------------------------------------- */
+
+static float get_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof(h));
+    return sb_fp16_to_fp32(h);
+}
+
+static void put_f16(uint8_t *p, float v) {
+    uint16_t h = sb_fp32_to_fp16(v);
+    memcpy(p, &h, sizeof(h));
+}
+
+/* Loops over the elements e of a block with the byte and shift of their
+ * bits in plane p (see plane), chunk by chunk, run by run, so that no
+ * division is needed per element. */
+#define PLANE_FOR_EACH(p, byte, shift, e)                                                                    \
+    for (int chunk_ = 0, per_ = (p)->run * (8 / (p)->bits); chunk_ < SB_QK_K / per_; chunk_++)               \
+        for (int slot_ = 0; slot_ < 8 / (p)->bits; slot_++)                                                   \
+            for (int i_ = 0, byte = (p)->off + chunk_ * (p)->run, shift = (p)->bits * slot_,                   \
+                     e = chunk_ * per_ + slot_ * (p)->run;                                                    \
+                 i_ < (p)->run; i_++, byte++, e++)
+
+/* The stored quants 0..qmax of a block. */
+static void unpack_quants(const kfmt *f, const uint8_t *blk, uint8_t q[SB_QK_K]) {
+    const int lo_mask = (1 << f->lo.bits) - 1, hi_mask = (1 << f->hi.bits) - 1;
+    PLANE_FOR_EACH(&f->lo, byte, shift, e)
+        q[e] = blk[byte] >> shift & lo_mask;
+    if (f->hi.bits) {
+        PLANE_FOR_EACH(&f->hi, byte, shift, e)
+            q[e] |= (blk[byte] >> shift & hi_mask) << f->lo.bits;
+    }
+}
+
+/* Stores quants 0..qmax; the planes must be zero beforehand. */
+static void pack_quants(const kfmt *f, uint8_t *blk, const uint8_t q[SB_QK_K]) {
+    const int lo_mask = (1 << f->lo.bits) - 1;
+    PLANE_FOR_EACH(&f->lo, byte, shift, e)
+        blk[byte] |= (uint8_t)((q[e] & lo_mask) << shift);
+    if (f->hi.bits) {
+        PLANE_FOR_EACH(&f->hi, byte, shift, e)
+            blk[byte] |= (uint8_t)((q[e] >> f->lo.bits) << shift);
+    }
+}
+
+/* Q4_K/Q5_K: 6-bit scale and min of 32-element sub-block j. The first four
+ * are whole bytes 0..3 (scales) and 4..7 (mins); the last four are nibbles
+ * of bytes 8..11 with their top two bits in the spare bits of bytes 0..7. */
+static void k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4;
+        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+/* Q3_K: the 6-bit value of sub-block j (before subtracting 32). The low
+ * nibbles of bytes 0..7 hold sub-blocks 0..7, their high nibbles 8..15;
+ * bytes 8..11 hold the top two bits, sub-block j at byte 8 + j%4, bits
+ * 2*(j/4). */
+static int q3_scale(const uint8_t *s, int j) {
+    int lo = j < 8 ? s[j] & 0xf : s[j - 8] >> 4;
+    int hi = s[8 + j % 4] >> (2 * (j / 4)) & 3;
+    return lo | hi << 4;
+}
+
+/* The integer sub-block scales and mins of a block (mins 0 if none). */
+static void unpack_scales(const kfmt *f, const uint8_t *blk, int sc[NSUB_MAX], int m[NSUB_MAX]) {
+    const uint8_t *s = blk + f->off_scales;
+    const int nsub = SB_QK_K / f->sub;
+    for (int j = 0; j < nsub; j++) {
+        m[j] = 0;
+        switch (f->scales) {
+        case SCALES_Q2:
+            sc[j] = s[j] & 0xf;
+            m[j] = s[j] >> 4;
+            break;
+        case SCALES_Q3:
+            sc[j] = q3_scale(s, j) - 32;
+            break;
+        case SCALES_K4:
+            k4_scale_min(s, j, &sc[j], &m[j]);
+            break;
+        case SCALES_Q6:
+            sc[j] = (int8_t)s[j];
+            break;
+        }
+    }
+}
+
+/* The float scale dl and offset ml of every sub-block: element value
+ * x = dl * (q - bias) - ml, as ggml computes them (dl = d*sc, ml = dmin*m). */
+static void block_scales(const kfmt *f, const uint8_t *blk, float dl[NSUB_MAX], float ml[NSUB_MAX]) {
+    int sc[NSUB_MAX], m[NSUB_MAX];
+    const float d = get_f16(blk + f->off_d);
+    const float dmin = f->off_dmin >= 0 ? get_f16(blk + f->off_dmin) : 0.0f;
+    unpack_scales(f, blk, sc, m);
+    for (int j = 0; j < SB_QK_K / f->sub; j++) {
+        dl[j] = d * (float)sc[j];
+        ml[j] = dmin * (float)m[j];
+    }
+}
+
+/* ---- dequantization ----------------------------------------------------- */
+
+/* As ggml's dequantize_row_*: x = dl*q - ml, or dl*q without mins (Q6_K's
+ * d * sc[j] * q is (d*sc)*q in C, the same dl*q). */
+static void dequantize(const kfmt *f, const void *src, float *dst, int64_t n) {
+    const uint8_t *blk = src;
+    uint8_t q[SB_QK_K];
+    float dl[NSUB_MAX], ml[NSUB_MAX];
+    for (int64_t b = 0; b < n / SB_QK_K; b++, blk += f->size, dst += SB_QK_K) {
+        block_scales(f, blk, dl, ml);
+        unpack_quants(f, blk, q);
+        for (int e = 0; e < SB_QK_K; e++) {
+            const float v = dl[e / f->sub] * (float)(q[e] - f->bias);
+            dst[e] = f->off_dmin >= 0 ? v - ml[e / f->sub] : v;
+        }
+    }
+}
+
+void sb__q2_K_to_float(const void *src, float *dst, int64_t n) { dequantize(&fmt_q2_K, src, dst, n); }
+void sb__q3_K_to_float(const void *src, float *dst, int64_t n) { dequantize(&fmt_q3_K, src, dst, n); }
+void sb__q4_K_to_float(const void *src, float *dst, int64_t n) { dequantize(&fmt_q4_K, src, dst, n); }
+void sb__q5_K_to_float(const void *src, float *dst, int64_t n) { dequantize(&fmt_q5_K, src, dst, n); }
+void sb__q6_K_to_float(const void *src, float *dst, int64_t n) { dequantize(&fmt_q6_K, src, dst, n); }
+
+void sb__q8_K_to_float(const void *src, float *dst, int64_t n) {
+    const sb_block_q8_K *blk = src;
+    for (int64_t b = 0; b < n / SB_QK_K; b++, blk++, dst += SB_QK_K)
+        for (int e = 0; e < SB_QK_K; e++)
+            dst[e] = blk->d * (float)blk->qs[e];
+}
+
+/* ---- the scale searches of ggml's reference quantizers ------------------ */
+
+/* Round to nearest, ties to even, as ggml's nearest_int: adding 1.5*2^23
+ * leaves the rounded integer in the low mantissa bits. Valid for
+ * |v| <= 2^22 (ggml asserts it); outside that range (and for NaN) it
+ * returns the same garbage ggml's does, which is the point. */
+static int nearest_int(float v) {
+    const float t = v + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &t, sizeof(i));
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static int clamp_int(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/*
+ * make_qkx2_quants: the scale and min of a sub-block of n elements with
+ * quants 0..nmax and least weighted error sum(w * err(scale*L + min - x)),
+ * err = |.| (use_mad) or squared. Starts from the range [min(x,0), max(x)]
+ * cut in nmax steps, then tries nstep+1 other step counts nmax + rmin +
+ * 0.1*is, each with the least-squares scale and min for its rounding.
+ * Returns the scale; *neg_min = -min (>= 0). L gets the quants.
+ */
+static float search_qkx2(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min, float rmin,
+                         int nstep, bool use_mad) {
+    uint8_t Laux[32];
+    float min = x[0], max = x[0];
+    float sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < min)
+            min = x[i];
+        if (x[i] > max)
+            max = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (min > 0)
+        min = 0;
+    if (max == min) {
+        memset(L, 0, (size_t)n);
+        *neg_min = -min;
+        return 0.0f;
+    }
+    float iscale = (float)nmax / (max - min);
+    float scale = 1 / iscale;
+    float best_error = 0;
+    for (int i = 0; i < n; i++) {
+        L[i] = (uint8_t)clamp_int(nearest_int(iscale * (x[i] - min)), 0, nmax);
+        float diff = scale * (float)L[i] + min - x[i];
+        diff = use_mad ? fabsf(diff) : diff * diff;
+        best_error += w[i] * diff;
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + 0.1f * (float)is + (float)nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            const int l = clamp_int(nearest_int(iscale * (x[i] - min)), 0, nmax);
+            Laux[i] = (uint8_t)l;
+            sum_l += w[i] * (float)l;
+            sum_l2 += w[i] * (float)l * (float)l;
+            sum_xl += w[i] * (float)l * x[i];
+        }
+        const float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float cur_error = 0;
+            for (int i = 0; i < n; i++) {
+                float diff = this_scale * (float)Laux[i] + this_min - x[i];
+                diff = use_mad ? fabsf(diff) : diff * diff;
+                cur_error += w[i] * diff;
+            }
+            if (cur_error < best_error) {
+                memcpy(L, Laux, (size_t)n);
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *neg_min = -min;
+    return scale;
+}
+
+/* The first element of largest magnitude (0 if all are 0). */
+static float signed_absmax(int n, const float *x, float *amax) {
+    float max = 0;
+    *amax = 0;
+    for (int i = 0; i < n; i++) {
+        if (fabsf(x[i]) > *amax) {
+            *amax = fabsf(x[i]);
+            max = x[i];
+        }
+    }
+    return max;
+}
+
+/*
+ * make_q3_quants with do_rmse: symmetric quants -nmax..nmax-1 (stored
+ * +nmax), weights x^2. Starts from the scale that maps the largest-
+ * magnitude element to -nmax, then up to 5 passes move single quants while
+ * that raises sumlx^2/suml2 (the least-squares fit). All-zero input gives
+ * L = 0 (not nmax) and scale 0, as ggml.
+ */
+static float search_q3(int n, int nmax, const float *x, uint8_t *L) {
+    int8_t l8[16];
+    float amax, max = signed_absmax(n, x, &amax);
+    if (amax < GROUP_MAX_EPS) {
+        memset(L, 0, (size_t)n);
+        return 0.0f;
+    }
+    const float iscale = (float)-nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        l8[i] = (int8_t)clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * (float)l8[i];
+        suml2 += w * (float)l8[i] * (float)l8[i];
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        int n_changed = 0;
+        for (int i = 0; i < n; i++) {
+            const float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * (float)l8[i];
+            if (slx > 0) {
+                float sl2 = suml2 - w * (float)l8[i] * (float)l8[i];
+                const int new_l = clamp_int(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+                if (new_l != l8[i]) {
+                    slx += w * x[i] * (float)new_l;
+                    sl2 += w * (float)new_l * (float)new_l;
+                    if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        l8[i] = (int8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed++;
+                    }
+                }
+            }
+        }
+        if (!n_changed)
+            break;
+    }
+    for (int i = 0; i < n; i++)
+        L[i] = (uint8_t)(l8[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* make_qx_quants' fit of one candidate scale: the rounded quants
+ * -nmax..nmax-1 and the weighted sums sum(w*x*l), sum(w*l*l), w = x^2. */
+static void qx_fit(int n, int nmax, const float *x, float iscale, int8_t *l, float *sumlx, float *suml2) {
+    *sumlx = *suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        l[i] = (int8_t)clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        const float w = x[i] * x[i];
+        *sumlx += w * x[i] * (float)l[i];
+        *suml2 += w * (float)l[i] * (float)l[i];
+    }
+}
+
+/*
+ * make_qx_quants with rmse_type 1 and no importance weights: symmetric
+ * quants -nmax..nmax-1 (stored +nmax), weights x^2. Starts from the scale
+ * that maps the largest-magnitude element to -nmax, then tries -(nmax +
+ * 0.1*is), is = -9..9, keeping a rounding only if its least-squares fit is
+ * better. All-zero input gives L = 0 and scale 0.
+ */
+static float search_qx(int n, int nmax, const float *x, uint8_t *L) {
+    int8_t l[16];
+    float amax, max = signed_absmax(n, x, &amax);
+    if (amax < GROUP_MAX_EPS) {
+        memset(L, 0, (size_t)n);
+        return 0.0f;
+    }
+    float sumlx, suml2;
+    qx_fit(n, nmax, x, (float)-nmax / max, l, &sumlx, &suml2);
+    for (int i = 0; i < n; i++)
+        L[i] = (uint8_t)(l[i] + nmax);
+    float scale = suml2 != 0 ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0)
+            continue;
+        qx_fit(n, nmax, x, -((float)nmax + 0.1f * (float)is) / max, l, &sumlx, &suml2);
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++)
+                L[i] = (uint8_t)(l[i] + nmax);
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/* ---- quantization (ggml's quantize_row_*_ref) ---------------------------- */
+
+/*
+ * Quantizes the block's float sub-block scales (and mins) to the format's
+ * integers against the block's F16 super-scale(s), writing both. Returns
+ * false if the whole block is to be zero (Q6_K with all scales ~0).
+ * The casts reproduce ggml's stores into uint8_t/int8_t, wrap-around
+ * included, for the degenerate negative scales make_qkx2_quants can return.
+ */
+static bool encode_scales(const kfmt *f, uint8_t *blk, const float *scales, const float *mins) {
+    const int nsub = SB_QK_K / f->sub;
+    uint8_t *s = blk + f->off_scales;
+    float max_scale = 0, max_min = 0, amax = 0;
+    for (int j = 0; j < nsub; j++) {
+        if (f->scales == SCALES_Q3 || f->scales == SCALES_Q6) {
+            /* symmetric: the scale of largest magnitude, with its sign */
+            if (fabsf(scales[j]) > amax) {
+                amax = fabsf(scales[j]);
+                max_scale = scales[j];
+            }
+        } else {
+            /* with mins: scales and mins are >= 0 (up to degenerate cases) */
+            if (scales[j] > max_scale)
+                max_scale = scales[j];
+            if (mins[j] > max_min)
+                max_min = mins[j];
+        }
+    }
+    switch (f->scales) {
+    case SCALES_Q2: {
+        const float iscale = max_scale > 0 ? 15.0f / max_scale : 0.0f;
+        const float imin = max_min > 0 ? 15.0f / max_min : 0.0f;
+        for (int j = 0; j < nsub; j++)
+            s[j] = (uint8_t)((unsigned)nearest_int(iscale * scales[j]) | (unsigned)nearest_int(imin * mins[j]) << 4);
+        put_f16(blk + f->off_d, max_scale > 0 ? max_scale / 15.0f : 0.0f);
+        put_f16(blk + f->off_dmin, max_min > 0 ? max_min / 15.0f : 0.0f);
+        return true;
+    }
+    case SCALES_K4: {
+        const float iscale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+        const float imin = max_min > 0 ? 63.0f / max_min : 0.0f;
+        for (int j = 0; j < nsub; j++) {
+            const uint8_t ls = SB_MIN(63, (uint8_t)nearest_int(iscale * scales[j]));
+            const uint8_t lm = SB_MIN(63, (uint8_t)nearest_int(imin * mins[j]));
+            if (j < 4) {
+                s[j] = ls;
+                s[j + 4] = lm;
+            } else {
+                s[j + 4] = (uint8_t)((ls & 0xf) | (lm & 0xf) << 4);
+                s[j - 4] |= (uint8_t)((ls >> 4) << 6);
+                s[j] |= (uint8_t)((lm >> 4) << 6);
+            }
+        }
+        put_f16(blk + f->off_d, max_scale / 63.0f);
+        put_f16(blk + f->off_dmin, max_min / 63.0f);
+        return true;
+    }
+    case SCALES_Q3: {
+        if (max_scale == 0) {
+            put_f16(blk + f->off_d, 0.0f);
+            return true;
+        }
+        const float iscale = -32.0f / max_scale;
+        for (int j = 0; j < nsub; j++) {
+            const int8_t l8 = (int8_t)nearest_int(iscale * scales[j]);
+            const int l = clamp_int(l8, -32, 31) + 32;
+            if (j < 8)
+                s[j] = (uint8_t)(l & 0xf);
+            else
+                s[j - 8] |= (uint8_t)((l & 0xf) << 4);
+            s[8 + j % 4] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+        }
+        put_f16(blk + f->off_d, 1 / iscale);
+        return true;
+    }
+    case SCALES_Q6: {
+        if (amax < GROUP_MAX_EPS)
+            return false;
+        const float iscale = -128.0f / max_scale;
+        put_f16(blk + f->off_d, 1 / iscale);
+        for (int j = 0; j < nsub; j++)
+            s[j] = (uint8_t)(int8_t)SB_MIN(127, nearest_int(iscale * scales[j]));
+        return true;
+    }
+    }
+    return true;
+}
+
+static void quantize_block(const kfmt *f, const float *x, uint8_t *blk) {
+    const int nsub = SB_QK_K / f->sub;
+    uint8_t L[SB_QK_K];
+    float scales[NSUB_MAX], mins[NSUB_MAX] = {0}, w[32];
+    memset(blk, 0, f->size);
+
+    /* 1. Per sub-block: the best float scale (and min) and quants for it. */
+    for (int j = 0; j < nsub; j++) {
+        const float *xs = x + f->sub * j;
+        uint8_t *Ls = L + f->sub * j;
+        switch (f->search) {
+        case SEARCH_QKX2:
+            if (f->use_mad) { /* Q2_K: weights |x| */
+                for (int i = 0; i < f->sub; i++)
+                    w[i] = fabsf(xs[i]);
+            } else { /* Q4_K, Q5_K: weights rms(x) + |x| */
+                float sum_x2 = 0;
+                for (int i = 0; i < f->sub; i++)
+                    sum_x2 += xs[i] * xs[i];
+                const float av_x = sqrtf(sum_x2 / (float)f->sub);
+                for (int i = 0; i < f->sub; i++)
+                    w[i] = av_x + fabsf(xs[i]);
+            }
+            scales[j] = search_qkx2(f->sub, f->qmax, xs, w, Ls, &mins[j], f->rmin, f->nstep, f->use_mad);
+            break;
+        case SEARCH_Q3:
+            scales[j] = search_q3(f->sub, f->bias, xs, Ls);
+            break;
+        case SEARCH_QX:
+            scales[j] = search_qx(f->sub, f->bias, xs, Ls);
+            break;
+        }
+    }
+
+    /* 2. Quantize the scales; Q6_K blocks of negligible scale stay all zero. */
+    if (!encode_scales(f, blk, scales, mins))
+        return;
+
+    /* 3. Re-round each element against the scale it will be read back with;
+     *    sub-blocks whose scale came out 0 keep the search's quants. */
+    float dl[NSUB_MAX], ml[NSUB_MAX];
+    block_scales(f, blk, dl, ml);
+    for (int j = 0; j < nsub; j++) {
+        if (dl[j] == 0.0f)
+            continue;
+        for (int i = f->sub * j; i < f->sub * (j + 1); i++) {
+            /* (x + ml)/dl; without mins ml is 0 and x + 0 rounds the same as x */
+            const int l = nearest_int((x[i] + ml[j]) / dl[j]);
+            L[i] = (uint8_t)(clamp_int(l, -f->bias, f->qmax - f->bias) + f->bias);
+        }
+    }
+
+    /* 4. Pack. */
+    pack_quants(f, blk, L);
+}
+
+static void quantize(const kfmt *f, const float *src, void *dst, int64_t n) {
+    uint8_t *blk = dst;
+    for (int64_t b = 0; b < n / SB_QK_K; b++, blk += f->size, src += SB_QK_K)
+        quantize_block(f, src, blk);
+}
+
+void sb__q2_K_from_float_ref(const float *src, void *dst, int64_t n) { quantize(&fmt_q2_K, src, dst, n); }
+void sb__q3_K_from_float_ref(const float *src, void *dst, int64_t n) { quantize(&fmt_q3_K, src, dst, n); }
+void sb__q4_K_from_float_ref(const float *src, void *dst, int64_t n) { quantize(&fmt_q4_K, src, dst, n); }
+void sb__q5_K_from_float_ref(const float *src, void *dst, int64_t n) { quantize(&fmt_q5_K, src, dst, n); }
+void sb__q6_K_from_float_ref(const float *src, void *dst, int64_t n) { quantize(&fmt_q6_K, src, dst, n); }
+
+/* quantize_row_q8_K_ref: d = max/-127 with max the first element of largest
+ * magnitude, q = nearest-even(x * -127/max) (so max maps to -127), and the
+ * sum of every 16 quants. */
+void sb__q8_K_from_float_ref(const float *src, void *dst, int64_t n) {
+    sb_block_q8_K *blk = dst;
+    for (int64_t b = 0; b < n / SB_QK_K; b++, blk++, src += SB_QK_K) {
+        float amax;
+        const float max = signed_absmax(SB_QK_K, src, &amax);
+        memset(blk, 0, sizeof(*blk));
+        if (amax == 0)
+            continue;
+        const float iscale = -127.0f / max;
+        for (int e = 0; e < SB_QK_K; e++)
+            blk->qs[e] = (int8_t)SB_MIN(127, nearest_int(iscale * src[e]));
+        for (int j = 0; j < SB_QK_K / 16; j++) {
+            int sum = 0;
+            for (int e = 16 * j; e < 16 * (j + 1); e++)
+                sum += blk->qs[e];
+            blk->bsums[j] = (int16_t)sum;
+        }
+        blk->d = 1 / iscale;
+    }
+}
+
+/* ---- dot products with Q8_K ---------------------------------------------- */
+
+/*
+ * The float order is that of ggml's x86 AVX2 kernels (ggml_vec_dot_qN_K_q8_K
+ * in ggml-cpu/arch/x86/quants.c; llama.cpp's AVX-512 builds run the same
+ * code), so that our results equal llama.cpp's on these machines and AVX2
+ * code can reproduce them exactly. Per block, with D = d_x * d_w and
+ * Dmin = -d_x * dmin_w (products of floats, rounded once):
+ *
+ *   integer lanes: lane l (0..7) sums sc * q_w * q_x over the elements e with
+ *     (e mod 32) / 4 == l (what 32-byte loads, maddubs and madd leave in the
+ *     eight int32 lanes). Integers are exact; only the lane split matters,
+ *     because (float)lane rounds once |lane| >= 2^24.
+ *     Q6_K stores its quants +32 and subtracts 32*sum(sc*bsum) of elements
+ *     32l..32l+31 from lane l (the bsums trick); Q3_K's -4 is per element.
+ *   acc[l] = fma(D, (float)lane[l], acc[l])
+ *   min term, sum(m * bsum) over groups of sub-blocks:
+ *     Q2_K: 8 groups (elements 32k..32k+31), acc[k] = fma(Dmin, g[k], acc[k])
+ *           before the lanes are added;
+ *     Q4_K: 4 groups (64 elements each) into accm[k] = fma(Dmin, g[k], accm[k]);
+ *     Q5_K: 1 group into accm[0] = fma(Dmin, g, accm[0]) (a scalar
+ *           summs += dmin * g in ggml, contracted to an FMA by the compiler).
+ *   result: hsum(acc) (+ hsum(accm)), where hsum halves repeatedly:
+ *     ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), and (m0+m2)+(m1+m3).
+ *
+ * test_ggml_oracle.c checks this against llama.cpp's AVX2 build, bit for
+ * bit (the Q5_K contraction included). One deliberate difference: ggml's
+ * Q4_K/Q5_K add pairs of bsums in int16, which would wrap only for bsums no
+ * Q8_K quantizer writes (|bsum| <= 16*128); we add in int32.
+ *
+ * ggml's generic C kernels (other CPUs) use a different order: 8 float sums
+ * of d*aux32 per 8-element lane, mins folded into one running float; the
+ * results differ in the last bits.
+ */
+
+/* Pairwise reduction of n (a power of two) floats as the x86 horizontal adds do. */
+static float hsum(float *a, int n) {
+    for (n /= 2; n >= 1; n /= 2)
+        for (int i = 0; i < n; i++)
+            a[i] = a[i] + a[i + n];
+    return a[0];
+}
+
+/* sum over sub-blocks in each of n_groups equal groups of v[sub] * (sum of the
+ * activation quants of that sub-block, from bsums). */
+static void group_sums(const kfmt *f, const int *v, const int16_t *bsums, int n_groups, int32_t *g) {
+    const int nsub = SB_QK_K / f->sub, per_group = nsub / n_groups, bs_per_sub = f->sub / 16;
+    for (int k = 0; k < n_groups; k++) {
+        g[k] = 0;
+        for (int j = k * per_group; j < (k + 1) * per_group; j++)
+            for (int b = j * bs_per_sub; b < (j + 1) * bs_per_sub; b++)
+                g[k] += v[j] * bsums[b];
+    }
+}
+
+static float dot_k(const kfmt *f, int64_t n, const void *w, const void *x) {
+    const uint8_t *wb = w;
+    const sb_block_q8_K *xb = x;
+    float acc[8] = {0}, accm[8] = {0};
+    uint8_t q[SB_QK_K];
+    int sc[NSUB_MAX], m[NSUB_MAX];
+    int32_t lane[8], g[8];
+    for (int64_t b = 0; b < n / SB_QK_K; b++, wb += f->size, xb++) {
+        const float D = xb->d * get_f16(wb + f->off_d);
+        const float Dmin = f->off_dmin >= 0 ? -xb->d * get_f16(wb + f->off_dmin) : 0.0f;
+        unpack_scales(f, wb, sc, m);
+        unpack_quants(f, wb, q);
+
+        memset(lane, 0, sizeof(lane));
+        const int elem_bias = f->bias_by_bsums ? 0 : f->bias;
+        for (int e = 0; e < SB_QK_K; e += 4) {
+            const int s = sc[e / f->sub];
+            for (int i = e; i < e + 4; i++)
+                lane[(e % 32) / 4] += s * (q[i] - elem_bias) * xb->qs[i];
+        }
+        if (f->bias_by_bsums) {
+            group_sums(f, sc, xb->bsums, 8, g);
+            for (int l = 0; l < 8; l++)
+                lane[l] -= f->bias * g[l];
+        }
+
+        if (f->mins != MINS_NONE) {
+            group_sums(f, m, xb->bsums, f->n_min_groups, g);
+            float *macc = f->mins == MINS_IN_LANES ? acc : accm;
+            for (int k = 0; k < f->n_min_groups; k++)
+                macc[k] = fmaf(Dmin, (float)g[k], macc[k]);
+        }
+        for (int l = 0; l < 8; l++)
+            acc[l] = fmaf(D, (float)lane[l], acc[l]);
+    }
+    const float sum = hsum(acc, 8);
+    return f->mins == MINS_APART ? sum + hsum(accm, f->n_min_groups) : sum;
+}
+
+float sb__vec_dot_q2_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q2_K, n, w, x); }
+float sb__vec_dot_q3_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q3_K, n, w, x); }
+float sb__vec_dot_q4_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q4_K, n, w, x); }
+float sb__vec_dot_q5_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q5_K, n, w, x); }
+float sb__vec_dot_q6_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q6_K, n, w, x); }

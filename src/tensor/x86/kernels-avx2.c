@@ -1,0 +1,27 @@
+/*
+ * kernels-avx2.c - the AVX2 level (AVX2 + FMA + F16C): kernels-x86.h
+ * compiled for that target. The target is set here, per function, not by
+ * build flags, so the rest of the binary stays runnable on any x86-64 and
+ * cpu.c only calls in after checking the CPU.
+ */
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "tensor/tensor-impl.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#define SBX_AVX512 0
+#include "tensor/x86/kernels-x86.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif

@@ -1,0 +1,535 @@
+/*
+ * kernels-x86.h - the x86 SIMD gemm and activation kernels, written once and
+ * compiled once per ISA level: kernels-avx2.c and kernels-avx512.c include
+ * this file under their own target pragma, with SBX_AVX512 set to 0 or 1.
+ * Not a header to include anywhere else.
+ *
+ * Every kernel gives the bytes of the scalar reference (dot.c, quants.c,
+ * types.c); tests/unit/test_kernels.c checks that with memcmp. That rules
+ * what may change: integer sums are exact, so any instruction sequence that
+ * yields the same per-lane int32 sums will do (maddubs+madd on AVX2, VNNI
+ * vpdpbusd with a bias correction on AVX-512); float operations are the
+ * reference's own, one for one, in the same order:
+ *   - block formats: per (row, token) pair, 8 float lanes; per block one
+ *     fma(d_w*d_x, lane_sum, acc) per lane, then ((l0+l4)+(l2+l6)) +
+ *     ((l1+l5)+(l3+l7)), plus a scalar sum of m_w*s_x for formats with a min;
+ *   - float formats: 64 lanes per pair (fmaf per element, by position
+ *     mod 64), a fixed reduction, the tail in double.
+ * Lanes are independent, so the kernels are free in how they walk them: a
+ * gemm tile of R weight rows x T tokens keeps one accumulator per (row,
+ * token, lane group) and reuses each loaded weight block for T tokens and
+ * each activation block for R rows.
+ *
+ * Tiles are written once as always-inline functions of (format, R, T) and
+ * instantiated with constants, so each instance keeps its accumulators in
+ * registers.
+ */
+#ifndef SBX_AVX512
+#error "include from kernels-avx2.c or kernels-avx512.c"
+#endif
+
+#include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "tensor/tensor-impl.h"
+
+#define SBX_ALWAYS static inline __attribute__((always_inline))
+#if defined(__clang__)
+#define SBX_UNROLL _Pragma("unroll")
+#else
+#define SBX_UNROLL _Pragma("GCC unroll 64")
+#endif
+
+/* Tile shapes, by level. R x T accumulators (blocks: one 8-lane vector per
+ * pair; floats: up to ACC vectors in all) must fit the register file with
+ * the operands: 16 ymm on AVX2, 32 on AVX-512. Decode (one token) uses RV
+ * rows at a time so that several weight streams are in flight. */
+#if SBX_AVX512
+#define SBX_FILL sb__kernels_fill_avx512
+#define QRM 4 /* block formats: rows x tokens */
+#define QTM 4
+#define QRV 4 /* block formats, one token: rows */
+#define FRM 4 /* float formats */
+#define FTM 4
+#define FRV 4
+#define FACC 16 /* float accumulators a tile may hold */
+#define VW 16   /* floats per vector in the float kernels */
+#else
+#define SBX_FILL sb__kernels_fill_avx2
+#define QRM 2
+#define QTM 4
+#define QRV 4
+#define FRM 2
+#define FTM 4
+#define FRV 1
+#define FACC 8
+#define VW 8
+#endif
+#define FP (64 / VW) /* vectors per 64-lane float accumulator */
+
+/* The formats, as compile-time constants of the tile functions. */
+typedef enum { F_F32, F_F16, F_BF16, F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0 } fmt;
+
+SBX_ALWAYS bool is_float(fmt f) { return f <= F_BF16; }
+SBX_ALWAYS bool has_min(fmt f) { return f == F_Q4_1 || f == F_Q5_1; }
+
+SBX_ALWAYS float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof(h));
+    return _cvtsh_ss(h); /* exact, as sb_fp16_to_fp32 */
+}
+
+/* ==== float formats ===================================================== */
+
+SBX_ALWAYS size_t f_esize(fmt f) { return f == F_F32 ? 4 : 2; }
+
+SBX_ALWAYS float f_get(fmt f, const uint8_t *row, int64_t i) {
+    uint16_t h;
+    if (f == F_F32) {
+        float v;
+        memcpy(&v, row + 4 * i, sizeof(v));
+        return v;
+    }
+    memcpy(&h, row + 2 * i, sizeof(h));
+    return f == F_F16 ? _cvtsh_ss(h) : sb_bf16_to_fp32(h);
+}
+
+#if SBX_AVX512
+typedef __m512 vf;
+SBX_ALWAYS vf vf_load(fmt f, const uint8_t *p) {
+    if (f == F_F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    if (f == F_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    return _mm512_loadu_ps((const float *)p);
+}
+#define vf_zero _mm512_setzero_ps
+#define vf_fma _mm512_fmadd_ps
+#define vf_store _mm512_store_ps
+#else
+typedef __m256 vf;
+SBX_ALWAYS vf vf_load(fmt f, const uint8_t *p) {
+    if (f == F_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    if (f == F_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    return _mm256_loadu_ps((const float *)p);
+}
+#define vf_zero _mm256_setzero_ps
+#define vf_fma _mm256_fmadd_ps
+#define vf_store _mm256_store_ps
+#endif
+
+/* The reference's end of a float dot: the 64 lanes in a[] (accumulator j =
+ * a[16j..16j+15]) combined as 0+=2, 1+=3, 0+=1, halved 16->8->4->2->1, then
+ * the n - nc leftover products added in double. */
+SBX_ALWAYS float f_finish(fmt f, const float *a, int64_t n, int64_t nc, const uint8_t *w, const uint8_t *x) {
+    __m256 u[8];
+    for (int k = 0; k < 8; k++)
+        u[k] = _mm256_load_ps(a + 8 * k);
+    u[0] = _mm256_add_ps(u[0], u[4]);
+    u[1] = _mm256_add_ps(u[1], u[5]);
+    u[2] = _mm256_add_ps(u[2], u[6]);
+    u[3] = _mm256_add_ps(u[3], u[7]);
+    u[0] = _mm256_add_ps(u[0], u[2]);
+    u[1] = _mm256_add_ps(u[1], u[3]);
+    const __m256 v8 = _mm256_add_ps(u[0], u[1]);
+    const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
+    const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+    const float s = _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)));
+    if (nc == n)
+        return s;
+    double sum = s;
+    for (int64_t i = nc; i < n; i++)
+        sum += (double)(f_get(f, w, i) * f_get(f, x, i));
+    return (float)sum;
+}
+
+/* Vectors of each 64-lane accumulator a tile of rt pairs keeps live at once
+ * (a power of two dividing FP): all of them for decode-sized tiles, so one
+ * sweep reads the rows; one for large tiles, which then sweep the rows FP
+ * times, one lane group per sweep (the rows stay in L1/L2 meanwhile). */
+SBX_ALWAYS int f_passes(int rt) {
+    return FP * rt <= FACC ? FP : FP / 2 * rt <= FACC ? FP / 2 : FP / 4 * rt <= FACC ? FP / 4 : 1;
+}
+
+SBX_ALWAYS void f_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+                       float *y, size_t ldy) {
+    const int64_t nc = n - n % 64;
+    const size_t es = f_esize(f);
+    const int ps = f_passes(R * T);
+    _Alignas(64) float lanes[FRM > FRV ? FRM * FTM : FRV * FTM][64];
+    for (int p0 = 0; p0 < FP; p0 += ps) {
+        vf acc[FRV > FRM ? FRV : FRM][FTM][FP];
+        SBX_UNROLL for (int r = 0; r < R; r++)
+            SBX_UNROLL for (int t = 0; t < T; t++)
+                SBX_UNROLL for (int q = 0; q < ps; q++)
+                    acc[r][t][q] = vf_zero();
+        for (int64_t i = 0; i < nc; i += 64) {
+            SBX_UNROLL for (int q = 0; q < ps; q++) {
+                const size_t off = (size_t)(i + (p0 + q) * VW) * es;
+                vf wv[FRV > FRM ? FRV : FRM];
+                SBX_UNROLL for (int r = 0; r < R; r++)
+                    wv[r] = vf_load(f, w + r * ws + off);
+                SBX_UNROLL for (int t = 0; t < T; t++) {
+                    const vf xv = vf_load(f, x + t * xs + off);
+                    SBX_UNROLL for (int r = 0; r < R; r++)
+                        acc[r][t][q] = vf_fma(wv[r], xv, acc[r][t][q]);
+                }
+            }
+        }
+        SBX_UNROLL for (int r = 0; r < R; r++)
+            SBX_UNROLL for (int t = 0; t < T; t++)
+                SBX_UNROLL for (int q = 0; q < ps; q++)
+                    vf_store(lanes[r * T + t] + (p0 + q) * VW, acc[r][t][q]);
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            y[(size_t)t * ldy + (size_t)r] = f_finish(f, lanes[r * T + t], n, nc, w + r * ws, x + t * xs);
+}
+
+/* ==== block formats ===================================================== */
+
+SBX_ALWAYS size_t q_wsize(fmt f) {
+    return f == F_Q4_0 ? 18 : f == F_Q4_1 ? 20 : f == F_Q5_0 ? 22 : f == F_Q5_1 ? 24 : 34;
+}
+SBX_ALWAYS size_t q_xsize(fmt f) { return has_min(f) ? sizeof(sb_block_q8_1) : sizeof(sb_block_q8_0); }
+
+/* The weight quants are handled unsigned (0..2^bits-1) and the format's bias
+ * taken off as bias * (sum of the activation's 4 bytes per lane), which is
+ * exact. Q8_0 is stored signed: AVX-512 flips its sign bit (q + 128, bias
+ * 128); AVX2's maddubs would saturate on that, so there Q8_0 uses
+ * |w| * (x with w's sign), exact for activations in [-127, 127]. */
+SBX_ALWAYS int q_bias(fmt f) {
+    return f == F_Q4_0 ? 8 : f == F_Q5_0 ? 16 : f == F_Q8_0 && SBX_AVX512 ? 128 : 0;
+}
+
+/* Elements 0..15 from the low nibbles of qs, 16..31 from the high ones: the
+ * 16 bytes in both halves (a load, no shuffle port), the upper half shifted
+ * right by 4 (bits shifted in from the next byte are masked off). */
+SBX_ALWAYS __m256i nibbles(const uint8_t *qs) {
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
+}
+
+/* An F16 scale, broadcast: vpbroadcastw + vcvtph2ps (fewer shuffle-port
+ * uops than converting a scalar and broadcasting the float). */
+SBX_ALWAYS __m256 h2f_bcast(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof(h));
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)h));
+}
+
+/* 0x10 in byte e where bit e of the little-endian qh is set. */
+SBX_ALWAYS __m256i fifth_bits(const uint8_t *qh) {
+    uint32_t m;
+    memcpy(&m, qh, sizeof(m));
+#if SBX_AVX512
+    return _mm256_maskz_mov_epi8((__mmask32)m, _mm256_set1_epi8(0x10));
+#else
+    /* Byte e gets byte e/8 of qh, keeps bit e%8, and becomes 0xff if set. */
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)m), _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+#endif
+}
+
+typedef struct {
+    __m256i q; /* quants as the level's pair_dot wants them */
+    __m256i s; /* AVX2 Q8_0: the signed quants (for the sign trick) */
+    __m256 d;  /* scale, broadcast */
+    float m;   /* min (Q4_1, Q5_1) */
+} wblock;
+
+SBX_ALWAYS wblock w_decode(fmt f, const uint8_t *b) {
+    wblock o;
+    o.d = h2f_bcast(b);
+    o.m = has_min(f) ? h2f(b + 2) : 0.0f;
+    switch (f) {
+    case F_Q4_0: o.q = nibbles(b + 2); break;
+    case F_Q4_1: o.q = nibbles(b + 4); break;
+    case F_Q5_0: o.q = _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)); break;
+    case F_Q5_1: o.q = _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); break;
+    default: {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2));
+#if SBX_AVX512
+        o.q = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
+#else
+        o.q = _mm256_abs_epi8(v);
+#endif
+        o.s = v;
+        return o;
+    }
+    }
+    o.s = o.q;
+    return o;
+}
+
+typedef struct {
+    __m256i q;  /* the 32 signed quants */
+    __m256i nb; /* the bias term: AVX-512 -bias*sum per lane (int32); AVX2 bias*pair sums (int16) */
+    __m256 d;   /* scale, broadcast */
+    float s;    /* Q8_1: d * sum(q) as stored */
+} xblock;
+
+SBX_ALWAYS xblock x_prep(fmt f, const uint8_t *b) {
+    xblock o;
+    const int bias = q_bias(f);
+    o.d = h2f_bcast(b);
+    o.s = has_min(f) ? h2f(b + 2) : 0.0f;
+    o.q = _mm256_loadu_si256((const __m256i *)(b + (has_min(f) ? 4 : 2)));
+#if SBX_AVX512
+    o.nb = bias ? _mm256_sub_epi32(_mm256_setzero_si256(),
+                                   _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)bias), o.q))
+                : _mm256_setzero_si256();
+#else
+    o.nb = bias ? _mm256_maddubs_epi16(_mm256_set1_epi8((char)bias), o.q) : _mm256_setzero_si256();
+#endif
+    return o;
+}
+
+/* The 8 int32 lane sums sum_{e in lane} (w_e - bias) * x_e of one block. */
+SBX_ALWAYS __m256i pair_dot(fmt f, const wblock *w, const xblock *x) {
+#if SBX_AVX512
+    (void)f;
+    return _mm256_dpbusd_epi32(x->nb, w->q, x->q);
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (f == F_Q8_0)
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(w->q, _mm256_sign_epi8(x->q, w->s)), ones);
+    __m256i p = _mm256_maddubs_epi16(w->q, x->q); /* pairs: |.| <= 2*31*128, no saturation */
+    if (q_bias(f))
+        p = _mm256_sub_epi16(p, x->nb);
+    return _mm256_madd_epi16(p, ones);
+#endif
+}
+
+/* ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). */
+SBX_ALWAYS float q_finish(__m256 acc) {
+    const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+    return _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)));
+}
+
+SBX_ALWAYS void q_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+                       float *y, size_t ldy) {
+    enum { RMAX = QRM > QRV ? QRM : QRV };
+    const size_t wsz = q_wsize(f), xsz = q_xsize(f);
+    __m256 acc[RMAX][QTM];
+    float mins[RMAX][QTM];
+    SBX_UNROLL for (int r = 0; r < R; r++)
+        SBX_UNROLL for (int t = 0; t < T; t++) {
+            acc[r][t] = _mm256_setzero_ps();
+            mins[r][t] = 0.0f;
+        }
+    for (int64_t b = 0; b < n / SB_QK; b++) {
+        wblock wb[RMAX];
+        SBX_UNROLL for (int r = 0; r < R; r++)
+            wb[r] = w_decode(f, w + r * ws + (size_t)b * wsz);
+        SBX_UNROLL for (int t = 0; t < T; t++) {
+            const xblock xb = x_prep(f, x + t * xs + (size_t)b * xsz);
+            SBX_UNROLL for (int r = 0; r < R; r++) {
+                const __m256 d = _mm256_mul_ps(wb[r].d, xb.d);
+                acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(pair_dot(f, &wb[r], &xb)), acc[r][t]);
+                if (has_min(f))
+                    mins[r][t] += wb[r].m * xb.s;
+            }
+        }
+    }
+    SBX_UNROLL for (int r = 0; r < R; r++)
+        SBX_UNROLL for (int t = 0; t < T; t++)
+            y[(size_t)t * ldy + (size_t)r] = q_finish(acc[r][t]) + mins[r][t];
+}
+
+/* ==== gemm driver ======================================================= */
+
+SBX_ALWAYS void tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+                     float *y, size_t ldy) {
+    if (is_float(f))
+        f_tile(f, R, T, n, w, ws, x, xs, y, ldy);
+    else
+        q_tile(f, R, T, n, w, ws, x, xs, y, ldy);
+}
+
+/* Rows outer, tokens inner: a tile's weight rows stay in L1 while the
+ * activations stream past them. Remainders use tiles of one row / token. */
+SBX_ALWAYS void gemm(fmt f, int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv, size_t xs, int64_t nt,
+                     float *y, size_t ldy) {
+    const int RM = is_float(f) ? FRM : QRM, TM = is_float(f) ? FTM : QTM, RV = is_float(f) ? FRV : QRV;
+    const uint8_t *w = wv, *x = xv;
+    int64_t r = 0;
+    if (nt == 1) {
+        for (; r + RV <= nr; r += RV)
+            tile(f, RV, 1, n, w + r * ws, ws, x, xs, y + r, ldy);
+        for (; r < nr; r++)
+            tile(f, 1, 1, n, w + r * ws, ws, x, xs, y + r, ldy);
+        return;
+    }
+    for (; r < nr;) {
+        const bool full_r = r + RM <= nr;
+        for (int64_t t = 0; t < nt;) {
+            const bool full_t = t + TM <= nt;
+            const uint8_t *wr = w + r * ws, *xt = x + t * xs;
+            float *yt = y + t * ldy + r;
+            if (full_r && full_t)
+                tile(f, RM, TM, n, wr, ws, xt, xs, yt, ldy);
+            else if (full_r)
+                tile(f, RM, 1, n, wr, ws, xt, xs, yt, ldy);
+            else if (full_t)
+                tile(f, 1, TM, n, wr, ws, xt, xs, yt, ldy);
+            else
+                tile(f, 1, 1, n, wr, ws, xt, xs, yt, ldy);
+            t += full_t ? TM : 1;
+        }
+        r += full_r ? RM : 1;
+    }
+}
+
+#define SBX_GEMM(name, f)                                                                                        \
+    static void name(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,     \
+                     float *y, size_t ldy) {                                                                    \
+        gemm(f, n, w, ws, nr, x, xs, nt, y, ldy);                                                               \
+    }
+SBX_GEMM(gemm_f32, F_F32)
+SBX_GEMM(gemm_f16, F_F16)
+SBX_GEMM(gemm_bf16, F_BF16)
+SBX_GEMM(gemm_q4_0, F_Q4_0)
+SBX_GEMM(gemm_q4_1, F_Q4_1)
+SBX_GEMM(gemm_q5_0, F_Q5_0)
+SBX_GEMM(gemm_q5_1, F_Q5_1)
+SBX_GEMM(gemm_q8_0, F_Q8_0)
+
+/* ==== activation conversion ============================================= */
+
+/* Q8_0/Q8_1 as the x86 backend (and quants.c's Q8_ACT): d = amax/127 as
+ * F16, q = nearest-even(x * (127/amax)), Q8_1's s = F16(d * sum(q)). The
+ * conversion to int rounds in the current mode, as nearbyintf does. */
+SBX_ALWAYS void q8_act(bool with_sum, const float *src, void *dst, int64_t n) {
+    uint8_t *blk = dst;
+    const size_t bsize = with_sum ? sizeof(sb_block_q8_1) : sizeof(sb_block_q8_0);
+    for (int64_t b = 0; b < n / SB_QK; b++, blk += bsize, src += SB_QK) {
+#if SBX_AVX512
+        const __m512 v0 = _mm512_loadu_ps(src), v1 = _mm512_loadu_ps(src + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+#else
+        __m256 v[4], m;
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        for (int k = 0; k < 4; k++)
+            v[k] = _mm256_loadu_ps(src + 8 * k);
+        m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                          _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+#endif
+        const float d = amax / 127.0f;
+        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        /* amax below 127/FLT_MAX makes id infinite and every x*id +-inf or
+         * NaN; the reference's (int8_t) of that is undefined in C, and what
+         * x86 compilers emit (cvttss2si, then the low byte of 0x80000000)
+         * writes 0. A zero id gives those zeros here too. */
+        if (id > 0x1.fffffep127f)
+            id = 0.0f;
+        int8_t *qs = (int8_t *)(blk + (with_sum ? 4 : 2));
+        int sum;
+#if SBX_AVX512
+        const __m512 vid = _mm512_set1_ps(id);
+        const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+        _mm_storeu_si128((__m128i *)qs, _mm512_cvtsepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(qs + 16), _mm512_cvtsepi32_epi8(i1));
+        sum = with_sum ? _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1)) : 0;
+#else
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i i[4];
+        for (int k = 0; k < 4; k++)
+            i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid));
+        /* packs work within 128-bit halves; the permute puts the dwords back in order. */
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        _mm256_storeu_si256((__m256i *)qs, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        sum = _mm_cvtsi128_si32(s4);
+#endif
+        const uint16_t dh = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        memcpy(blk, &dh, sizeof(dh));
+        if (with_sum) {
+            const uint16_t sh = _cvtss_sh((float)sum * d, _MM_FROUND_TO_NEAREST_INT);
+            memcpy(blk + 2, &sh, sizeof(sh));
+        }
+    }
+}
+
+static void act_q8_0(const float *src, void *dst, int64_t n) { q8_act(false, src, dst, n); }
+static void act_q8_1(const float *src, void *dst, int64_t n) { q8_act(true, src, dst, n); }
+
+/* F16C rounds to nearest even, as sb_fp32_to_fp16. */
+static void act_f16(const float *src, void *dst, int64_t n) {
+    uint16_t *h = dst;
+    int64_t i = 0;
+#if SBX_AVX512
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(h + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        h[i] = sb_fp32_to_fp16(src[i]);
+}
+
+/* As sb_fp32_to_bf16: NaN -> top half | 0x40 (quiet), else round the top
+ * half to nearest even. */
+static void act_bf16(const float *src, void *dst, int64_t n) {
+    uint16_t *h = dst;
+    int64_t i = 0;
+#if SBX_AVX512
+    for (; i + 16 <= n; i += 16) {
+        const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
+        const __m512i hi = _mm512_srli_epi32(u, 16);
+        const __mmask16 nan =
+            _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+        const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
+        r = _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+        _mm256_storeu_si256((__m256i *)(h + i), _mm512_cvtepi32_epi16(r));
+    }
+#else
+    for (; i + 16 <= n; i += 16) {
+        __m256i r[2];
+        for (int k = 0; k < 2; k++) {
+            const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(src + i + 8 * k));
+            const __m256i hi = _mm256_srli_epi32(u, 16);
+            /* |u| as int32 is non-negative, so a signed compare will do. */
+            const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                                   _mm256_set1_epi32(0x7f800000));
+            const __m256i odd = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+            const __m256i rounded =
+                _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+            r[k] = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+        }
+        /* Values fit in 16 bits, so the saturating pack is exact; it works
+         * within 128-bit halves, hence the permute. */
+        _mm256_storeu_si256((__m256i *)(h + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8));
+    }
+#endif
+    for (; i < n; i++)
+        h[i] = sb_fp32_to_bf16(src[i]);
+}
+
+void SBX_FILL(sb_kernels *k) {
+    k->gemm[SB_TYPE_F32] = gemm_f32;
+    k->gemm[SB_TYPE_F16] = gemm_f16;
+    k->gemm[SB_TYPE_BF16] = gemm_bf16;
+    k->gemm[SB_TYPE_Q4_0] = gemm_q4_0;
+    k->gemm[SB_TYPE_Q4_1] = gemm_q4_1;
+    k->gemm[SB_TYPE_Q5_0] = gemm_q5_0;
+    k->gemm[SB_TYPE_Q5_1] = gemm_q5_1;
+    k->gemm[SB_TYPE_Q8_0] = gemm_q8_0;
+    k->act_from_float[SB_TYPE_F16] = act_f16;
+    k->act_from_float[SB_TYPE_BF16] = act_bf16;
+    k->act_from_float[SB_TYPE_Q8_0] = act_q8_0;
+    k->act_from_float[SB_TYPE_Q8_1] = act_q8_1;
+}

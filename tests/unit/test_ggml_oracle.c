@@ -1,0 +1,433 @@
+/*
+ * test_ggml_oracle.c - bit-exactness against llama.cpp's own ggml.
+ *
+ * Loads llama.cpp's libggml-base.so (from the npm package node-llama-cpp,
+ * pinned version, see LLAMACPP-ORACLE.md) with dlopen and, for every block
+ * and float format switchboard computes with, requires:
+ *   - our from_float bytes == its quantize_row_<type>_ref bytes, and ==
+ *     ggml_quantize_chunk's (what llama-quantize writes to files);
+ *   - our to_float floats == its dequantize_row_<type> floats, on its
+ *     blocks and on blocks of random bytes.
+ * If its x86 CPU backend (libggml-cpu-haswell.so) runs on this CPU, also:
+ *   - our act_from_float bytes == its quantize_row_<type> (activation
+ *     quantization as llama.cpp does it at every matmul);
+ *   - our vec_dot == its ggml_vec_dot_<w>_<x>, to the bit.
+ *
+ * The library is found at $SB_GGML_BASE, else at
+ * tests/npm/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so
+ * under the source tree. Missing library = failure, with how to install it.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tensor/tensor.h"
+#include "testutil.h"
+
+#define NPM_BINS "tests/npm/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64"
+
+/* ggml's signatures (ggml.h / ggml-quants.h / ggml-cpu). Type ids are ggml's, as ours. */
+typedef void (*ggml_to_float_fn)(const void *x, float *y, int64_t k);
+typedef void (*ggml_from_float_fn)(const float *x, void *y, int64_t k);
+typedef size_t (*ggml_quantize_chunk_fn)(int type, const float *src, void *dst, int64_t start, int64_t nrows,
+                                         int64_t n_per_row, const float *imatrix);
+typedef void (*ggml_vec_dot_fn)(int n, float *s, size_t bs, const void *x, size_t bx, const void *y, size_t by,
+                                int nrc);
+
+/* Every format switchboard converts, with ggml's names for its row functions. */
+static const struct {
+    sb_type type;
+    const char *to_float;   /* ggml's dequantizer; NULL if it has none */
+    const char *from_float; /* ggml's reference quantizer */
+    bool chunk;             /* ggml_quantize_chunk handles it */
+} formats[] = {
+    {SB_TYPE_F16, "ggml_fp16_to_fp32_row", "ggml_fp32_to_fp16_row", true},
+    {SB_TYPE_BF16, "ggml_bf16_to_fp32_row", "ggml_fp32_to_bf16_row_ref", true},
+    {SB_TYPE_Q4_0, "dequantize_row_q4_0", "quantize_row_q4_0_ref", true},
+    {SB_TYPE_Q4_1, "dequantize_row_q4_1", "quantize_row_q4_1_ref", true},
+    {SB_TYPE_Q5_0, "dequantize_row_q5_0", "quantize_row_q5_0_ref", true},
+    {SB_TYPE_Q5_1, "dequantize_row_q5_1", "quantize_row_q5_1_ref", true},
+    {SB_TYPE_Q8_0, "dequantize_row_q8_0", "quantize_row_q8_0_ref", true},
+    {SB_TYPE_Q8_1, NULL, "quantize_row_q8_1_ref", false},
+    {SB_TYPE_Q2_K, "dequantize_row_q2_K", "quantize_row_q2_K_ref", true},
+    {SB_TYPE_Q3_K, "dequantize_row_q3_K", "quantize_row_q3_K_ref", true},
+    {SB_TYPE_Q4_K, "dequantize_row_q4_K", "quantize_row_q4_K_ref", true},
+    {SB_TYPE_Q5_K, "dequantize_row_q5_K", "quantize_row_q5_K_ref", true},
+    {SB_TYPE_Q6_K, "dequantize_row_q6_K", "quantize_row_q6_K_ref", true},
+    {SB_TYPE_Q8_K, "dequantize_row_q8_K", "quantize_row_q8_K_ref", false},
+};
+
+/* Weight formats whose dot product we check against ggml's x86 kernels
+ * (block formats only; the float formats' dots are not compared here). */
+static const struct {
+    sb_type type;
+    const char *vec_dot;
+} dots[] = {
+    {SB_TYPE_Q4_0, "ggml_vec_dot_q4_0_q8_0"}, {SB_TYPE_Q4_1, "ggml_vec_dot_q4_1_q8_1"},
+    {SB_TYPE_Q5_0, "ggml_vec_dot_q5_0_q8_0"}, {SB_TYPE_Q5_1, "ggml_vec_dot_q5_1_q8_1"},
+    {SB_TYPE_Q8_0, "ggml_vec_dot_q8_0_q8_0"},
+    {SB_TYPE_Q2_K, "ggml_vec_dot_q2_K_q8_K"}, {SB_TYPE_Q3_K, "ggml_vec_dot_q3_K_q8_K"},
+    {SB_TYPE_Q4_K, "ggml_vec_dot_q4_K_q8_K"}, {SB_TYPE_Q5_K, "ggml_vec_dot_q5_K_q8_K"},
+    {SB_TYPE_Q6_K, "ggml_vec_dot_q6_K_q8_K"},
+};
+
+/* Activation types and the CPU backend's quantizer for them. */
+static const struct {
+    sb_type type;
+    const char *quantize;
+} acts[] = {
+    {SB_TYPE_Q8_0, "quantize_row_q8_0"},
+    {SB_TYPE_Q8_1, "quantize_row_q8_1"},
+    {SB_TYPE_Q8_K, "quantize_row_q8_K"},
+};
+
+enum { ROW = 4096, N_KINDS = 8 };
+
+static void *lib_base, *lib_cpu;
+
+/* ---- loading the library ------------------------------------------------ */
+
+static const char *source_dir(void) {
+#ifdef SB_SOURCE_DIR
+    return SB_SOURCE_DIR;
+#else
+    /* __FILE__ is <source>/tests/unit/test_ggml_oracle.c when built by CMake. */
+    static char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", __FILE__);
+    for (int up = 0; up < 3; up++) {
+        char *slash = strrchr(dir, '/');
+        if (!slash)
+            return ".";
+        *slash = '\0';
+    }
+    return dir;
+#endif
+}
+
+static int setup(void **state) {
+    (void)state;
+    static char path[4096 + 256];
+    const char *env = getenv("SB_GGML_BASE");
+    if (env && *env)
+        snprintf(path, sizeof(path), "%s", env);
+    else
+        snprintf(path, sizeof(path), "%s/" NPM_BINS "/libggml-base.so", source_dir());
+    lib_base = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib_base) {
+        fprintf(stderr,
+                "cannot load llama.cpp's ggml: %s\n"
+                "install it with: (cd tests/npm && npm i -E node-llama-cpp@3.21.1)\n"
+                "or point SB_GGML_BASE at a libggml-base.so\n",
+                dlerror());
+        return -1;
+    }
+    /* The CPU backend sits next to it; its AVX2 build is the one whose x86
+     * kernels our reference kernels follow. Optional: only if this CPU runs it. */
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2")) {
+        char *slash = strrchr(path, '/');
+        if (slash) {
+            snprintf(slash + 1, sizeof(path) - (size_t)(slash + 1 - path), "libggml-cpu-haswell.so");
+            lib_cpu = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            /* Required: it fills the F16 table the kernels read their scales
+             * through; without it every dot product comes out 0. */
+            void (*cpu_init)(void) = lib_cpu ? (void (*)(void))dlsym(lib_cpu, "ggml_cpu_init") : NULL;
+            if (cpu_init)
+                cpu_init();
+            else if (lib_cpu) {
+                dlclose(lib_cpu);
+                lib_cpu = NULL;
+            }
+        }
+    }
+    if (!lib_cpu)
+        fprintf(stderr, "note: llama.cpp's AVX2 CPU backend not usable here; skipping dot-product checks\n");
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    /* Not dlclose'd: ggml registers atexit-time state in some builds. */
+    return 0;
+}
+
+static void *sym(void *lib, const char *name) {
+    void *p = dlsym(lib, name);
+    if (!p)
+        fail_msg("llama.cpp's ggml lacks %s", name);
+    return p;
+}
+
+/* ---- test data ----------------------------------------------------------- */
+
+static uint64_t rng_state;
+
+static uint64_t rng_u64(void) {
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545f4914f6cdd1dull;
+}
+
+static float rng_uniform(void) { return (float)((double)(rng_u64() >> 11) * 0x1p-53); } /* [0, 1) */
+
+static float rng_gauss(void) {
+    const double u = (rng_u64() >> 11) * 0x1p-53 + 0x1p-54, v = (rng_u64() >> 11) * 0x1p-53;
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* A row of kind k: the shapes that reach every branch of the quantizers. */
+static void make_row(int kind, float *x, int n) {
+    for (int i = 0; i < n; i++) {
+        switch (kind) {
+        case 0: /* uniform */
+            x[i] = 2 * rng_uniform() - 1;
+            break;
+        case 1: /* weights-like: gaussian with 1% outliers */
+            x[i] = 0.02f * rng_gauss() * (rng_u64() % 100 == 0 ? 20.0f : 1.0f);
+            break;
+        case 2: /* all positive: min > 0 paths */
+            x[i] = 0.5f + rng_uniform();
+            break;
+        case 3: /* all negative */
+            x[i] = -0.5f - rng_uniform();
+            break;
+        case 4: /* per 16 elements: zero, constant, tiny, huge, spike, or normal */
+            switch ((i / 16 * 7 + 3) % 6) {
+            case 0: x[i] = 0.0f; break;
+            case 1: x[i] = 0.75f; break;
+            case 2: x[i] = 1e-20f * rng_gauss(); break;
+            case 3: x[i] = 1e4f * rng_gauss(); break;
+            case 4: x[i] = i % 16 == 5 ? -3.0f : 0.0f; break;
+            default: x[i] = rng_gauss(); break;
+            }
+            break;
+        case 5: /* quantized-looking: few distinct values, exact ties */
+            x[i] = (float)((int)(rng_u64() % 9) - 4) * 0.25f;
+            break;
+        case 6: /* wide dynamic range within blocks */
+            x[i] = rng_gauss() * exp2f((float)(int)(rng_u64() % 30) - 20.0f);
+            break;
+        default: /* F16/BF16 edge values: overflow, subnormal, underflow, -0 */
+            {
+                static const float edge[] = {70000.0f, -65520.0f, 65504.0f, 6e-8f, -3e-8f, 1e-9f, -0.0f, 1e-40f, 3.0e38f};
+                x[i] = rng_u64() % 4 == 0 ? edge[rng_u64() % 9] : rng_gauss();
+            }
+            break;
+        }
+    }
+}
+
+static const char *kind_name(int kind) {
+    static const char *names[N_KINDS] = {"uniform", "gaussian+outliers", "positive",   "negative",
+                                         "mixed sub-blocks", "ties",     "wide range", "f16 edges"};
+    return names[kind];
+}
+
+/* Random bytes for n elements of a format, with every F16/F32 scale field
+ * made finite (NaN payloads are not what we compare). */
+static void random_blocks(sb_type type, uint8_t *buf, int64_t n) {
+    const sb_type_traits *t = sb_type_traits_of(type);
+    const size_t size = sb_type_row_size(type, n);
+    for (size_t i = 0; i < size; i++)
+        buf[i] = (uint8_t)rng_u64();
+    /* Offsets of the F16 scales within each block (ggml layouts). */
+    int f16_off[2] = {-1, -1}, f32_off = -1;
+    switch (type) {
+    case SB_TYPE_F16: case SB_TYPE_BF16: f16_off[0] = 0; break;
+    case SB_TYPE_Q4_0: case SB_TYPE_Q5_0: case SB_TYPE_Q8_0: f16_off[0] = 0; break;
+    case SB_TYPE_Q4_1: case SB_TYPE_Q5_1: case SB_TYPE_Q8_1: f16_off[0] = 0; f16_off[1] = 2; break;
+    case SB_TYPE_Q2_K: f16_off[0] = 80; f16_off[1] = 82; break;
+    case SB_TYPE_Q3_K: f16_off[0] = 108; break;
+    case SB_TYPE_Q4_K: case SB_TYPE_Q5_K: f16_off[0] = 0; f16_off[1] = 2; break;
+    case SB_TYPE_Q6_K: f16_off[0] = 208; break;
+    case SB_TYPE_Q8_K: f32_off = 0; break;
+    default: fail_msg("no layout for type %d", (int)type);
+    }
+    for (size_t b = 0; b < size / t->type_size; b++) {
+        uint8_t *blk = buf + b * t->type_size;
+        for (int k = 0; k < 2; k++) {
+            if (f16_off[k] < 0)
+                continue;
+            /* exponent field 31 (F16) or 255 (BF16) would be inf/NaN: clear its top bit */
+            blk[f16_off[k] + 1] &= 0xbf;
+        }
+        if (f32_off >= 0) {
+            const float d = rng_gauss() * 1e-2f;
+            memcpy(blk + f32_off, &d, sizeof(d));
+        }
+    }
+}
+
+/* ---- comparisons ---------------------------------------------------------- */
+
+static void assert_same_bytes(const char *what, sb_type type, const char *kind, const void *ours, const void *theirs,
+                              size_t size) {
+    if (memcmp(ours, theirs, size) == 0)
+        return;
+    const uint8_t *a = ours, *b = theirs;
+    size_t i = 0;
+    while (a[i] == b[i])
+        i++;
+    const size_t bs = sb_type_traits_of(type)->type_size;
+    fail_msg("%s %s (%s data): first difference at byte %zu (block %zu, offset %zu): ours 0x%02x, ggml 0x%02x", what,
+             sb_type_traits_of(type)->name, kind, i, i / bs, i % bs, a[i], b[i]);
+}
+
+static void assert_same_floats(const char *what, sb_type type, const char *kind, const float *ours,
+                               const float *theirs, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (memcmp(&ours[i], &theirs[i], sizeof(float)) != 0)
+            fail_msg("%s %s (%s): element %lld: ours %a, ggml %a", what, sb_type_traits_of(type)->name, kind,
+                     (long long)i, (double)ours[i], (double)theirs[i]);
+    }
+}
+
+/* ---- tests --------------------------------------------------------------- */
+
+/* from_float == quantize_row_*_ref == ggml_quantize_chunk, byte for byte. */
+static void test_quantize_matches_ggml(void **state) {
+    (void)state;
+    ggml_quantize_chunk_fn chunk = (ggml_quantize_chunk_fn)sym(lib_base, "ggml_quantize_chunk");
+    float *x = malloc(ROW * sizeof(float));
+    uint8_t *ours = malloc(ROW * 4), *theirs = malloc(ROW * 4);
+    for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++) {
+        const sb_type type = formats[f].type;
+        const sb_type_traits *t = sb_type_traits_of(type);
+        ggml_from_float_fn ref = (ggml_from_float_fn)sym(lib_base, formats[f].from_float);
+        const size_t size = sb_type_row_size(type, ROW);
+        for (int kind = 0; kind < N_KINDS; kind++) {
+            rng_state = 0x9e3779b97f4a7c15ull + (uint64_t)(kind * 131 + (int)type);
+            make_row(kind, x, ROW);
+            memset(ours, 0, size);
+            memset(theirs, 0, size);
+            t->from_float(x, ours, ROW);
+            ref(x, theirs, ROW);
+            assert_same_bytes(formats[f].from_float, type, kind_name(kind), ours, theirs, size);
+            if (formats[f].chunk) {
+                memset(theirs, 0, size);
+                /* 4 rows of ROW/4: also checks that rows are independent */
+                assert_int_equal(chunk((int)type, x, theirs, 0, 4, ROW / 4, NULL), size);
+                assert_same_bytes("ggml_quantize_chunk", type, kind_name(kind), ours, theirs, size);
+            }
+        }
+    }
+    free(x);
+    free(ours);
+    free(theirs);
+}
+
+/* to_float == dequantize_row_*, float for float, on ggml's blocks and on random ones. */
+static void test_dequantize_matches_ggml(void **state) {
+    (void)state;
+    float *x = malloc(ROW * sizeof(float)), *ours = malloc(ROW * sizeof(float)), *theirs = malloc(ROW * sizeof(float));
+    uint8_t *blocks = malloc(ROW * 4);
+    for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++) {
+        if (!formats[f].to_float)
+            continue;
+        const sb_type type = formats[f].type;
+        const sb_type_traits *t = sb_type_traits_of(type);
+        ggml_from_float_fn ref = (ggml_from_float_fn)sym(lib_base, formats[f].from_float);
+        ggml_to_float_fn deq = (ggml_to_float_fn)sym(lib_base, formats[f].to_float);
+        for (int kind = 0; kind <= N_KINDS; kind++) {
+            rng_state = 0x2545f4914f6cdd1dull + (uint64_t)(kind * 31 + (int)type);
+            if (kind < N_KINDS) {
+                make_row(kind, x, ROW);
+                memset(blocks, 0, sb_type_row_size(type, ROW));
+                ref(x, blocks, ROW);
+            } else {
+                random_blocks(type, blocks, ROW);
+            }
+            t->to_float(blocks, ours, ROW);
+            deq(blocks, theirs, ROW);
+            assert_same_floats(formats[f].to_float, type, kind < N_KINDS ? kind_name(kind) : "random bytes", ours,
+                               theirs, ROW);
+        }
+    }
+    free(x);
+    free(ours);
+    free(theirs);
+    free(blocks);
+}
+
+/* act_from_float == the x86 CPU backend's quantize_row_* (activations). */
+static void test_activation_quantize_matches_ggml_cpu(void **state) {
+    (void)state;
+    if (!lib_cpu)
+        skip();
+    float *x = malloc(ROW * sizeof(float));
+    uint8_t *ours = malloc(ROW * 2), *theirs = malloc(ROW * 2);
+    for (size_t a = 0; a < sizeof(acts) / sizeof(acts[0]); a++) {
+        const sb_type type = acts[a].type;
+        ggml_from_float_fn q = (ggml_from_float_fn)sym(lib_cpu, acts[a].quantize);
+        const size_t size = sb_type_row_size(type, ROW);
+        for (int kind = 0; kind < N_KINDS - 1; kind++) {
+            rng_state = 0x1234567887654321ull + (uint64_t)(kind * 17 + (int)type);
+            make_row(kind, x, ROW);
+            memset(ours, 0, size);
+            memset(theirs, 0, size);
+            sb_type_traits_of(type)->act_from_float(x, ours, ROW);
+            q(x, theirs, ROW);
+            assert_same_bytes(acts[a].quantize, type, kind_name(kind), ours, theirs, size);
+        }
+    }
+    free(x);
+    free(ours);
+    free(theirs);
+}
+
+/* vec_dot == ggml_vec_dot_*_q8_K of the AVX2 backend, to the bit: on
+ * quantized rows of every kind, on random weight bytes, and for one block. */
+static void test_vec_dot_matches_ggml_cpu(void **state) {
+    (void)state;
+    if (!lib_cpu)
+        skip();
+    float *w = malloc(ROW * sizeof(float)), *x = malloc(ROW * sizeof(float));
+    uint8_t *wq = malloc(ROW * 2), *xq = malloc(ROW * 2);
+    for (size_t d = 0; d < sizeof(dots) / sizeof(dots[0]); d++) {
+        const sb_type type = dots[d].type;
+        const sb_type_traits *t = sb_type_traits_of(type), *xt = sb_type_traits_of(t->vec_dot_type);
+        ggml_vec_dot_fn dot = (ggml_vec_dot_fn)sym(lib_cpu, dots[d].vec_dot);
+        for (int trial = 0; trial < 3 * N_KINDS; trial++) {
+            const int kind = trial % N_KINDS;
+            rng_state = 0x0ddba11cafef00dull + (uint64_t)(trial * 7 + (int)type);
+            if (trial < 2 * N_KINDS) {
+                make_row(kind, w, ROW);
+                t->from_float(w, wq, ROW);
+            } else {
+                random_blocks(type, wq, ROW);
+            }
+            make_row(trial < N_KINDS ? 1 : (kind + 3) % (N_KINDS - 1), x, ROW);
+            xt->act_from_float(x, xq, ROW);
+            for (int64_t n = SB_QK_K; n <= ROW; n *= 16) {
+                float ours = t->vec_dot(n, wq, xq), theirs;
+                dot((int)n, &theirs, 0, wq, 0, xq, 0, 1);
+                if (memcmp(&ours, &theirs, sizeof(float)) != 0)
+                    fail_msg("%s, n=%lld, trial %d (%s weights): ours %a, ggml %a", dots[d].vec_dot, (long long)n,
+                             trial, trial < 2 * N_KINDS ? kind_name(kind) : "random", (double)ours, (double)theirs);
+            }
+        }
+    }
+    free(w);
+    free(x);
+    free(wq);
+    free(xq);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quantize_matches_ggml),
+        cmocka_unit_test(test_dequantize_matches_ggml),
+        cmocka_unit_test(test_activation_quantize_matches_ggml_cpu),
+        cmocka_unit_test(test_vec_dot_matches_ggml_cpu),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

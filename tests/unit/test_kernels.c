@@ -1,0 +1,377 @@
+/*
+ * test_kernels.c - the kernel dispatch table: every ISA level this CPU runs
+ * must give the scalar level's bytes (memcmp, not a tolerance) for every
+ * gemm weight type and activation conversion, on random data with extreme
+ * scales, zero blocks and rounding ties, odd sizes and odd strides; and
+ * SB_CPU must cap the level chosen.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tensor/tensor.h"
+#include "testutil.h"
+
+static const sb_type weight_types[] = {SB_TYPE_F32,  SB_TYPE_F16,  SB_TYPE_BF16, SB_TYPE_Q4_0,
+                                       SB_TYPE_Q4_1, SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0};
+static const sb_type act_types[] = {SB_TYPE_F32, SB_TYPE_F16, SB_TYPE_BF16, SB_TYPE_Q8_0, SB_TYPE_Q8_1};
+
+/* Deterministic xorshift64* so failures reproduce. */
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint64_t rng_u64(void) {
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545f4914f6cdd1dull;
+}
+
+static uint32_t rng_below(uint32_t n) { return (uint32_t)(rng_u64() >> 32) % n; }
+
+/* Uniform in [-1, 1). */
+static float rng_unit(void) { return (float)((double)(rng_u64() >> 11) * 0x1p-52 - 1.0); }
+
+static float float_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+static void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, sizeof(v)); }
+
+/* An F16 scale: mostly ordinary, sometimes huge, tiny (subnormal), zero or
+ * negative, so products and sums cover every rounding regime without
+ * overflowing. */
+static uint16_t rng_scale(void) {
+    switch (rng_below(8)) {
+    case 0: return 0;                                                 /* zero */
+    case 1: return (uint16_t)(1 + rng_below(0x3ff));                 /* subnormal */
+    case 2: return (uint16_t)(0x6000 + rng_below(0x1000));           /* 512 .. 4096 */
+    case 3: return (uint16_t)(0x8000 | (0x2000 + rng_below(0x1800))); /* negative */
+    default: return (uint16_t)(0x1c00 + rng_below(0x2400));          /* ~2^-8 .. 2^1 */
+    }
+}
+
+/* ---- data ------------------------------------------------------------- */
+
+static size_t row_size(sb_type t, int64_t n) {
+    size_t s = sb_type_row_size(t, n);
+    assert_true(s > 0);
+    return s;
+}
+
+/* Fills nrows rows (stride bytes apart) of type t with random content that
+ * is valid input for the kernels. Activations (act = true) of Q8 types keep
+ * quants in [-127, 127], the contract of sb_gemm_fn. */
+static void fill_rows(sb_type t, bool act, int64_t n, int64_t nrows, uint8_t *p, size_t stride) {
+    const sb_type_traits *tr = sb_type_traits_of(t);
+    for (int64_t r = 0; r < nrows; r++, p += stride) {
+        const int mode = (int)rng_below(8);
+        if (t == SB_TYPE_F32) {
+            for (int64_t i = 0; i < n; i++) {
+                float v = rng_unit() * ldexpf(1.0f, (int)rng_below(40) - 20);
+                if (mode == 0 && rng_below(4) == 0)
+                    v = 0.0f;
+                if (mode == 1) /* small integers: many exact products and ties */
+                    v = (float)((int)rng_below(9) - 4) * 0.5f;
+                memcpy(p + 4 * i, &v, 4);
+            }
+        } else if (t == SB_TYPE_F16) {
+            for (int64_t i = 0; i < n; i++) /* every finite F16, subnormals included */
+                put_u16(p + 2 * i, (uint16_t)(mode == 0 ? 0x3c00 + rng_below(0x400) : rng_below(0x10000) % 0x7c00 |
+                                                                                           (rng_below(2) << 15)));
+        } else if (t == SB_TYPE_BF16) {
+            for (int64_t i = 0; i < n; i++) { /* exponents within +-60, and subnormals */
+                uint16_t e = mode == 0 ? 0 : (uint16_t)(67 + rng_below(120));
+                put_u16(p + 2 * i, (uint16_t)(rng_below(2) << 15 | e << 7 | rng_below(128)));
+            }
+        } else if (act && mode == 0) {
+            /* What matmul feeds the kernels: converted floats. */
+            float *src = malloc((size_t)n * sizeof(float));
+            for (int64_t i = 0; i < n; i++)
+                src[i] = rng_unit() * 3.0f;
+            tr->act_from_float(src, p, n);
+            free(src);
+        } else {
+            for (int64_t b = 0; b < n / SB_QK; b++) {
+                uint8_t *blk = p + (size_t)b * tr->type_size;
+                for (uint32_t i = 0; i < tr->type_size; i++)
+                    blk[i] = (uint8_t)rng_u64();
+                put_u16(blk, rng_scale());
+                if (t == SB_TYPE_Q4_1 || t == SB_TYPE_Q5_1 || t == SB_TYPE_Q8_1)
+                    put_u16(blk + 2, rng_scale());
+                const size_t qs = t == SB_TYPE_Q8_1 ? 4 : 2;
+                if (rng_below(10) == 0) /* a zero block */
+                    memset(blk + (t == SB_TYPE_Q8_0 || t == SB_TYPE_Q8_1 ? qs : 2), 0,
+                           tr->type_size - (t == SB_TYPE_Q8_0 || t == SB_TYPE_Q8_1 ? qs : 2));
+                if (act) /* activation quants stay in [-127, 127] */
+                    for (size_t i = qs; i < tr->type_size; i++)
+                        if (blk[i] == 0x80)
+                            blk[i] = 0x81;
+            }
+        }
+    }
+}
+
+/* ---- gemm ------------------------------------------------------------- */
+
+static bool check_gemm(const sb_kernels *k, const sb_kernels *ref, sb_type type, int64_t n, int64_t nr, int64_t nt) {
+    const sb_type xt = sb_type_traits_of(type)->vec_dot_type;
+    /* Odd strides: rows not aligned, and a gap between them. */
+    const size_t ws = row_size(type, n) + 3, xs = row_size(xt, n) + 5, ldy = (size_t)nr + 2;
+    uint8_t *w = malloc(ws * (size_t)nr + 1), *x = malloc(xs * (size_t)nt + 1);
+    const size_t ny = ldy * (size_t)nt;
+    float *y0 = malloc(ny * sizeof(float)), *y1 = malloc(ny * sizeof(float));
+    fill_rows(type, false, n, nr, w + 1, ws);
+    fill_rows(xt, true, n, nt, x + 1, xs);
+    memset(y0, 0x5a, ny * sizeof(float));
+    memset(y1, 0x5a, ny * sizeof(float)); /* the gaps must stay untouched */
+    ref->gemm[type](n, w + 1, ws, nr, x + 1, xs, nt, y0, ldy);
+    k->gemm[type](n, w + 1, ws, nr, x + 1, xs, nt, y1, ldy);
+    bool same = memcmp(y0, y1, ny * sizeof(float)) == 0;
+    if (!same) {
+        for (size_t i = 0; i < ny; i++)
+            if (memcmp(&y0[i], &y1[i], sizeof(float)) != 0) {
+                print_error("%s %s n=%lld nr=%lld nt=%lld: y[t=%zu][r=%zu] = %.9g, scalar %.9g\n",
+                            sb_cpu_level_name(k->level), sb_type_traits_of(type)->name, (long long)n, (long long)nr,
+                            (long long)nt, i / ldy, i % ldy, (double)y1[i], (double)y0[i]);
+                break;
+            }
+    }
+    free(w);
+    free(x);
+    free(y0);
+    free(y1);
+    return same;
+}
+
+static void test_gemm_matches_scalar(void **state) {
+    (void)state;
+    static const int64_t ns[] = {32, 96, 160, 1056};
+    static const int64_t float_ns[] = {1, 7, 63, 64, 65, 200};
+    static const int64_t nrs[] = {1, 2, 3, 5, 17};
+    static const int64_t nts[] = {1, 2, 3, 5, 13};
+    const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
+    int levels = 0, failures = 0;
+    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
+        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
+        if (!k)
+            continue;
+        levels++;
+        for (size_t ti = 0; ti < sizeof(weight_types) / sizeof(weight_types[0]); ti++) {
+            const sb_type type = weight_types[ti];
+            const bool is_float = sb_type_traits_of(type)->blck_size == 1;
+            assert_non_null(k->gemm[type]);
+            for (size_t a = 0; a < sizeof(nrs) / sizeof(nrs[0]); a++)
+                for (size_t b = 0; b < sizeof(nts) / sizeof(nts[0]); b++) {
+                    for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++)
+                        failures += !check_gemm(k, ref, type, ns[c], nrs[a], nts[b]);
+                    if (is_float)
+                        for (size_t c = 0; c < sizeof(float_ns) / sizeof(float_ns[0]); c++)
+                            failures += !check_gemm(k, ref, type, float_ns[c], nrs[a], nts[b]);
+                }
+            /* The tile shapes' larger cases: decode and prompt sizes. */
+            failures += !check_gemm(k, ref, type, 2048, 9, 1);
+            failures += !check_gemm(k, ref, type, 512, 8, 16);
+        }
+    }
+    if (levels == 0)
+        print_message("no SIMD level on this CPU; only the scalar level is tested\n");
+    assert_int_equal(failures, 0);
+}
+
+/* The scalar level's gemm is vec_dot per output. */
+static void test_scalar_gemm_is_vec_dot(void **state) {
+    (void)state;
+    const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
+    assert_non_null(ref);
+    assert_int_equal(ref->level, SB_CPU_SCALAR);
+    for (size_t ti = 0; ti < sizeof(weight_types) / sizeof(weight_types[0]); ti++) {
+        const sb_type type = weight_types[ti];
+        const sb_type_traits *t = sb_type_traits_of(type);
+        const int64_t n = 160, nr = 3, nt = 2;
+        const size_t ws = row_size(type, n), xs = row_size(t->vec_dot_type, n);
+        uint8_t *w = malloc(ws * nr), *x = malloc(xs * nt);
+        float y[6];
+        fill_rows(type, false, n, nr, w, ws);
+        fill_rows(t->vec_dot_type, true, n, nt, x, xs);
+        ref->gemm[type](n, w, ws, nr, x, xs, nt, y, nr);
+        for (int r = 0; r < nr; r++)
+            for (int tk = 0; tk < nt; tk++) {
+                const float want = t->vec_dot(n, w + r * ws, x + tk * xs);
+                assert_memory_equal(&y[tk * nr + r], &want, sizeof(float));
+            }
+        free(w);
+        free(x);
+    }
+}
+
+/* ---- activation conversion ------------------------------------------- */
+
+/* Floats that stress each converter: Q8 ties (amax = 127 makes the scale 1,
+ * so k + 0.5 is an exact tie), zero blocks, huge and tiny blocks; for F16
+ * and BF16 also halfway cases, overflow, subnormals, infinities and NaNs. */
+static void fill_floats(sb_type t, float *v, int64_t n) {
+    const bool q8 = t == SB_TYPE_Q8_0 || t == SB_TYPE_Q8_1;
+    for (int64_t b = 0; b < n; b += 32) {
+        const int mode = (int)rng_below(8);
+        const int64_t end = b + 32 < n ? b + 32 : n;
+        const float scale = ldexpf(1.0f, (int)rng_below(200) - 100);
+        for (int64_t i = b; i < end; i++) {
+            float f = rng_unit();
+            switch (mode) {
+            case 0: f = 0.0f; break;
+            case 1: f = (float)((int)rng_below(254) - 127) + 0.5f; break;
+            case 2: f *= scale; break;
+            case 3: f = float_of((uint32_t)rng_u64()); break; /* any bits */
+            case 4: f = float_of((uint32_t)(rng_u64() & 0x807fffff)); break; /* float subnormals */
+            case 5: f = float_of(0x33000000u + (uint32_t)rng_below(0x0b000000)); break; /* F16 subnormal..max range */
+            default: f *= 100.0f; break;
+            }
+            if (q8 && !isfinite(f))
+                f = 1.0f;
+            if (mode == 6 && !q8) /* halfway between F16 (or BF16) neighbours */
+                f = float_of(t == SB_TYPE_F16 ? (bits_of(f) & ~0x1fffu) | 0x1000u : (bits_of(f) & ~0xffffu) | 0x8000u);
+            v[i] = f;
+        }
+        if (mode == 1 && q8 && end - b == 32)
+            v[b + rng_below(32)] = rng_below(2) ? 127.0f : -127.0f; /* amax 127: scale 1, exact ties */
+    }
+}
+
+static void test_act_matches_scalar(void **state) {
+    (void)state;
+    static const int64_t ns[] = {32, 96, 160, 1056};
+    static const int64_t float_ns[] = {1, 7, 8, 15, 17, 33};
+    const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
+    int failures = 0;
+    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
+        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
+        if (!k)
+            continue;
+        for (size_t ti = 0; ti < sizeof(act_types) / sizeof(act_types[0]); ti++) {
+            const sb_type t = act_types[ti];
+            assert_non_null(k->act_from_float[t]);
+            const bool is_float = sb_type_traits_of(t)->blck_size == 1;
+            for (int rep = 0; rep < 20; rep++)
+                for (size_t c = 0; c < 10; c++) {
+                    if (c >= 4 && !is_float)
+                        break;
+                    const int64_t n = c < 4 ? ns[c] : float_ns[c - 4];
+                    const size_t size = row_size(t, n);
+                    float *src = malloc((size_t)n * sizeof(float));
+                    uint8_t *a = malloc(size), *b = malloc(size);
+                    fill_floats(t, src, n);
+                    ref->act_from_float[t](src, a, n);
+                    k->act_from_float[t](src, b, n);
+                    if (memcmp(a, b, size) != 0) {
+                        for (size_t i = 0; i < size; i++)
+                            if (a[i] != b[i]) {
+                                print_error("%s act %s n=%lld: byte %zu is %02x, scalar %02x\n",
+                                            sb_cpu_level_name(k->level), sb_type_traits_of(t)->name, (long long)n,
+                                            i, b[i], a[i]);
+                                break;
+                            }
+                        failures++;
+                    }
+                    free(src);
+                    free(a);
+                    free(b);
+                }
+        }
+    }
+    assert_int_equal(failures, 0);
+}
+
+/* ---- level selection -------------------------------------------------- */
+
+/* Runs sb_kernels_active() in a child with SB_CPU set to value; returns the
+ * level it chose and whether it wrote to stderr. */
+static int level_in_child(const char *value, bool *warned) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], 2);
+        setenv("SB_CPU", value, 1);
+        _exit((int)sb_kernels_active()->level);
+    }
+    close(fds[1]);
+    char buf[512];
+    ssize_t got = read(fds[0], buf, sizeof(buf));
+    close(fds[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    *warned = got > 0;
+    return WEXITSTATUS(status);
+}
+
+/* Runs first: the children must fork before this process picks its table
+ * (a child inherits the choice). */
+static void test_level_selection(void **state) {
+    (void)state;
+    bool warned[SB_CPU_LEVEL_COUNT], warned_empty, warned_bogus;
+    int forced[SB_CPU_LEVEL_COUNT];
+    for (int lv = 0; lv < SB_CPU_LEVEL_COUNT; lv++)
+        forced[lv] = level_in_child(sb_cpu_level_name((sb_cpu_level)lv), &warned[lv]);
+    const int plain = level_in_child("", &warned_empty);
+    const int bogus = level_in_child("sse9", &warned_bogus);
+
+    int best = SB_CPU_SCALAR;
+    for (int lv = 0; lv < SB_CPU_LEVEL_COUNT; lv++) {
+        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
+        if (k) {
+            assert_int_equal(k->level, lv);
+            assert_true(lv == best + 1 || lv == 0); /* levels are cumulative */
+            best = lv;
+        }
+    }
+    assert_null(sb_kernels_for(SB_CPU_LEVEL_COUNT));
+    assert_string_equal(sb_cpu_level_name(SB_CPU_SCALAR), "scalar");
+    assert_string_equal(sb_cpu_level_name(SB_CPU_AVX2), "avx2");
+    assert_string_equal(sb_cpu_level_name(SB_CPU_AVX512), "avx512");
+    assert_string_equal(sb_cpu_level_name(SB_CPU_LEVEL_COUNT), "?");
+    const char *env = getenv("SB_CPU");
+    if (!env || !*env)
+        assert_int_equal(sb_kernels_active()->level, best);
+
+    /* A level the CPU runs is taken silently; one above it warns and falls
+     * back to the best; so does an unknown name; empty means no cap. */
+    for (int lv = 0; lv < SB_CPU_LEVEL_COUNT; lv++) {
+        assert_int_equal(forced[lv], lv <= best ? lv : best);
+        assert_int_equal(warned[lv], lv > best);
+    }
+    assert_int_equal(plain, best);
+    assert_false(warned_empty);
+    assert_int_equal(bogus, best);
+    assert_true(warned_bogus);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_level_selection),
+        cmocka_unit_test(test_scalar_gemm_is_vec_dot),
+        cmocka_unit_test(test_act_matches_scalar),
+        cmocka_unit_test(test_gemm_matches_scalar),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
