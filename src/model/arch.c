@@ -84,9 +84,9 @@ static sb_status read_hparams(const sb_gguf *g, sb_hparams *hp, sb_error *err) {
         (st = get_dim(g, a, "rope.dimension_count", false, hp->head_dim, &hp->n_rot, err)) != SB_OK ||
         (st = get_dim(g, a, "attention.sliding_window", false, 0, &hp->n_swa, err)) != SB_OK)
         return st;
-    if (hp->head_dim == 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
-        return sb_fail(err, SB_ERR_FORMAT, "%s.rope.dimension_count %d must be even and at most the head size %d", a,
-                       hp->n_rot, hp->head_dim);
+    if (hp->head_dim == 0 || hp->head_dim > 512 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
+        return sb_fail(err, SB_ERR_FORMAT, "%s: head size %d (at most 512) and rope.dimension_count %d (even, at "
+                       "most the head size) are out of range", a, hp->head_dim, hp->n_rot);
     if ((st = get_float(g, a, "rope.freq_base", 10000.0f, &hp->rope_freq_base, err)) != SB_OK ||
         (st = get_float(g, a, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps, err)) != SB_OK ||
         (st = get_float(g, a, "attn_logit_softcapping", 0.0f, &hp->attn_softcap, err)) != SB_OK ||

@@ -129,35 +129,39 @@ typedef struct attention_job {
 
 /* Head h of batch token i (pair = i*n_head + h) attends over the positions
  * of its sequence up to its own (the last n_swa of them in a sliding-window
- * layer); writes head_dim values of f->att. */
+ * layer); writes head_dim values of f->att. The q.k products go through the
+ * kernel table's F32 gemm, one KV block at a time (a block's keys are rows
+ * kv_dim apart), so they are SIMD and bit-identical at every kernel level. */
 static void attend_head(void *arg, int64_t pair, int ith) {
     const attention_job *j = arg;
     sb_forward *f = j->f;
     const sb_hparams *hp = &f->model->hp;
     int32_t hd = hp->head_dim, q_dim = hp->n_head * hd, bs = j->kv->block_size;
+    size_t kv_stride = (size_t)j->kv->kv_dim * sizeof(float);
     int32_t i = (int32_t)(pair / hp->n_head), h = (int32_t)(pair % hp->n_head);
     const sb_batch_token *bt = &j->batch[i];
     int32_t kvh = h / (hp->n_head / hp->n_head_kv); /* GQA: query heads share a KV head */
     int32_t first = j->layer->swa ? SB_MAX(0, bt->pos - hp->n_swa + 1) : 0, n = bt->pos + 1 - first;
     const float *qh = j->q + (size_t)i * q_dim + (size_t)h * hd;
     float *scores = f->scores + (size_t)ith * f->max_len;
-    /* Soft-capped models scale q before the dot product (as llama.cpp's
+    sb_gemm_fn dot_rows = sb_kernels_active()->gemm[SB_TYPE_F32];
+    /* Soft-capped models scale q before the dot products (as llama.cpp's
      * graph does); the others scale the dot products. */
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int32_t t = 0; t < n; t++) {
-        int32_t p = first + t;
-        const float *kt = sb_kv_k(j->kv, j->il, bt->blocks[p / bs], p % bs) + (size_t)kvh * hd;
-        float dot = 0.0f;
-        if (hp->attn_softcap > 0) {
-            for (int32_t e = 0; e < hd; e++)
-                dot += (qh[e] * scale) * kt[e];
-            scores[t] = tanhf(dot * (1.0f / hp->attn_softcap)) * hp->attn_softcap;
-        } else {
-            for (int32_t e = 0; e < hd; e++)
-                dot += qh[e] * kt[e];
-            scores[t] = dot * scale;
-        }
+    float scale = 1.0f / sqrtf((float)hd), qs[512];
+    if (hp->attn_softcap > 0) {
+        for (int32_t e = 0; e < hd; e++)
+            qs[e] = qh[e] * scale;
+        qh = qs;
     }
+    for (int32_t p = first; p <= bt->pos;) {
+        int32_t slot = p % bs, run = SB_MIN(bs - slot, bt->pos + 1 - p);
+        const float *k0 = sb_kv_k(j->kv, j->il, bt->blocks[p / bs], slot) + (size_t)kvh * hd;
+        dot_rows(hd, k0, kv_stride, run, qh, 0, 1, scores + (p - first), 0);
+        p += run;
+    }
+    for (int32_t t = 0; t < n; t++)
+        scores[t] = hp->attn_softcap > 0 ? tanhf(scores[t] * (1.0f / hp->attn_softcap)) * hp->attn_softcap
+                                         : scores[t] * scale;
     softmax(scores, n);
     float *oh = f->att + (size_t)i * q_dim + (size_t)h * hd;
     memset(oh, 0, (size_t)hd * sizeof(float));

@@ -4,9 +4,11 @@
  * Two parallel loops: every activation row is converted once to the weights'
  * vec_dot_type (as llama.cpp's CPU backend does before its dot products),
  * then the weight rows are cut into chunks that threads claim one at a time;
- * a chunk computes its rows for every token, so each weight row is read from
- * memory once per call however many tokens there are. Which thread computes
- * a row never changes its value: results do not depend on the thread count.
+ * a chunk computes its rows for every token (the dispatch table's gemm), so
+ * each weight row is read from memory once per call however many tokens
+ * there are. Every kernel level computes each (row, token) result exactly
+ * as the scalar reference does, so results depend neither on the thread
+ * count, nor on the batch, nor on the CPU.
  */
 #include <assert.h>
 
@@ -20,7 +22,8 @@ size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok) {
 }
 
 typedef struct matmul_job {
-    const sb_type_traits *t, *xt;
+    sb_gemm_fn gemm;
+    sb_from_float_fn convert;
     const char *w;
     size_t w_row, x_row;
     int64_t n_in, n_out, n_tok, rows_per_chunk;
@@ -32,7 +35,7 @@ typedef struct matmul_job {
 static void convert_row(void *arg, int64_t tok, int ith) {
     (void)ith;
     const matmul_job *j = arg;
-    j->xt->act_from_float(j->x + tok * j->n_in, j->xq + (size_t)tok * j->x_row, j->n_in);
+    j->convert(j->x + tok * j->n_in, j->xq + (size_t)tok * j->x_row, j->n_in);
 }
 
 static void dot_rows(void *arg, int64_t chunk, int ith) {
@@ -41,11 +44,8 @@ static void dot_rows(void *arg, int64_t chunk, int ith) {
     int64_t r0 = chunk * j->rows_per_chunk, r1 = r0 + j->rows_per_chunk;
     if (r1 > j->n_out)
         r1 = j->n_out;
-    for (int64_t r = r0; r < r1; r++) {
-        const char *wr = j->w + (size_t)r * j->w_row;
-        for (int64_t tok = 0; tok < j->n_tok; tok++)
-            j->y[tok * j->n_out + r] = j->t->vec_dot(j->n_in, wr, j->xq + (size_t)tok * j->x_row);
-    }
+    j->gemm(j->n_in, j->w + (size_t)r0 * j->w_row, j->w_row, r1 - r0, j->xq, j->x_row, j->n_tok, j->y + r0,
+            (size_t)j->n_out);
 }
 
 /* Rows per chunk: enough chunks that a descheduled thread holds up little
@@ -59,10 +59,11 @@ static int64_t chunk_rows(int64_t n_out, int n_threads) {
 void sb_matmul(sb_threadpool *tp, sb_type type, const void *w, int64_t n_in, int64_t n_out, const float *x,
                int64_t n_tok, float *y, void *work) {
     const sb_type_traits *t = sb_type_traits_of(type);
+    const sb_kernels *k = sb_kernels_active();
     assert(t && t->vec_dot && n_in % t->blck_size == 0);
     matmul_job j = {
-        .t = t,
-        .xt = sb_type_traits_of(t->vec_dot_type),
+        .gemm = k->gemm[type],
+        .convert = k->act_from_float[t->vec_dot_type],
         .w = w,
         .w_row = sb_type_row_size(type, n_in),
         .x_row = sb_type_row_size(t->vec_dot_type, n_in),
