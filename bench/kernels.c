@@ -3,7 +3,8 @@
  * this CPU runs, one thread. Not a test: it prints numbers for
  * docs/PERFORMANCE.md.
  *
- *   bench_kernels [n_in [n_out [n_tok]]]     defaults 2048 5632 512
+ *   bench_kernels [n_in [n_out [n_tok [types]]]]
+ *     defaults 2048 5632 512, all types; types is a list like q4_0,q8_0,f16
  *
  * Decode (one token): GB/s of weights streamed, twice: "hot" re-reads one
  * matrix (it fits a large L3), "cold" walks distinct copies spanning about
@@ -61,6 +62,8 @@ int main(int argc, char **argv) {
     printf("%-7s %-6s %12s %12s %14s\n", "level", "type", "decode hot", "decode cold", "prompt");
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
         const sb_type type = types[ti];
+        if (argc > 4 && !strstr(argv[4], sb_type_traits_of(type)->name))
+            continue;
         const sb_type_traits *t = sb_type_traits_of(type), *xt = sb_type_traits_of(t->vec_dot_type);
         const size_t ws = sb_type_row_size(type, n), xs = sb_type_row_size(t->vec_dot_type, n);
         const size_t mat = ws * (size_t)nr;

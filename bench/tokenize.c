@@ -152,7 +152,7 @@ int main(int argc, char **argv) {
     const char *model = SB_SHARED_DIR "/models/llama3-vocab-tiny-random.gguf";
     const char *text_out = NULL, *ids_out = NULL, *ids_in = NULL;
     int reps = 5;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             fprintf(stderr, "bench_tokenize: option %s needs a value\n", a);
@@ -173,7 +173,6 @@ int main(int argc, char **argv) {
                             "[--ids-in PATH]\n");
             return 2;
         }
-        i++;
     }
 
     sb_error err = {0};

@@ -102,7 +102,8 @@ sb_status sb_detok_create(const sb_model_t *model, bool strip_leading_space, sb_
                           sb_error *err);
 /* Appends the text of `token` that is complete so far to out (capacity cap,
  * NUL-terminated); returns the number of bytes written, excluding the NUL.
- * cap >= 64 always suffices for one token. With render_special, control tokens
+ * cap >= 256 always suffices for one token (what does not fit is kept for the
+ * next call). With render_special, control tokens
  * produce their text. */
 size_t sb_detok_push(sb_detok_t *detok, int32_t token, bool render_special, char *out, size_t cap);
 /* Emits what is held back (a truncated character becomes U+FFFD). */

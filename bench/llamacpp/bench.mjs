@@ -129,6 +129,9 @@ async function main() {
                 ts.push(n / m.secs);
                 tt.push(m.ttft * 1e3);
             }
+            // Same progress line as `switchboard bench --progress` (rep 0 = warm-up).
+            console.error(`bench-progress test=${kind}${n} rep=${rep + 1} reps=${o.r} secs=${m.secs.toFixed(4)}` +
+                ` t_s=${(n / m.secs).toFixed(3)} ttft_ms=${(m.ttft * 1e3).toFixed(3)}`);
         }
         out.push({
             model: o.model,

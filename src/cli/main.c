@@ -20,8 +20,13 @@ static const char usage[] =
     "             [--min-p P] [--repeat-penalty R] [--seed S] [--threads N] [--ctx N] [--stop S] [--json]\n"
     "  bench      measure speed like llama-bench:  bench -m FILE [-p 512] [-n 128] [-t THREADS] [-r REPS]\n"
     "             [-o table|json] [--progress]\n"
+    "  serve      OpenAI-compatible HTTP server:  serve -m FILE [--host 127.0.0.1] [--port 8080] [--ctx N]\n"
+    "             [--parallel N] [--threads N] [--alias NAME] [--max-batch-tokens N] [--max-body BYTES]\n"
+    "             [--max-queue N] [--timeout SECONDS] [--quiet]\n"
     "  info       print the metadata and tensor table of a GGUF file:  info FILE\n"
     "  tokenize   print token ids as a JSON array:  tokenize -m FILE [--no-bos] [--special] [--pieces] TEXT\n"
+    "  template   render a chat template:  template (-m FILE | --file T.jinja | --builtin NAME) --messages M.json\n"
+    "             [--tools T.json] [--kwargs K.json] [--no-generation-prompt] [--bos S] [--eos S] [--now TIME]\n"
     "  gen-model  write a random llama model:  gen-model --out FILE [--type f32|f16|bf16|q8_0|q4_0|...]\n"
     "             [--dim N] [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N] [--seed S]\n";
 
@@ -81,6 +86,8 @@ double sb_cli_now(void) {
 }
 
 int sb_cmd_bench(int argc, char **argv); /* cmd_bench.c */
+int sb_cmd_template(int argc, char **argv); /* cmd_template.c */
+int sb_cmd_serve(int argc, char **argv); /* cmd_serve.c */
 
 int main(int argc, char **argv) {
     static const struct {
@@ -92,6 +99,8 @@ int main(int argc, char **argv) {
         {"tokenize", sb_cmd_tokenize},
         {"gen-model", sb_cmd_gen_model},
         {"bench", sb_cmd_bench},
+        {"template", sb_cmd_template},
+        {"serve", sb_cmd_serve},
     };
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fputs(usage, argc < 2 ? stderr : stdout);

@@ -114,7 +114,7 @@ struct sb_tpl_fn_def;
 
 struct sb_tpl_node {
     sb_tpl_ntype type;
-    char op[4];     /* operator text for BINOP/OPERAND */
+    char op[8];     /* operator text for BINOP/OPERAND */
     uint32_t off;   /* source offset, for line:column in messages */
     char *name;     /* identifier, attribute, filter/test/macro/keyword name */
     sb_tpl_val val; /* CONST and DATA (immortal) */
@@ -148,7 +148,7 @@ typedef struct sb_tpl_interp {
 typedef struct sb_tpl_args {
     sb_tpl_val *pos;
     size_t n_pos;
-    char **kw_names;
+    const char **kw_names;
     sb_tpl_val *kw;
     size_t n_kw;
 } sb_tpl_args;
@@ -161,6 +161,7 @@ typedef sb_status (*sb_tpl_fn)(sb_tpl_interp *it, const sb_tpl_node *at, sb_tpl_
 typedef struct sb_tpl_fn_def {
     const char *name;
     sb_tpl_fn fn;
+    const char *params; /* accepted parameters, comma-separated, in order ("" none; NULL: any) */
 } sb_tpl_fn_def;
 
 typedef enum sb_tpl_func_kind {
@@ -205,6 +206,10 @@ const sb_tpl_fn_def *sb_tpl_find_global(const char *name);
 /* Whether Jinja2 itself has a filter/test of this name (that this engine may lack). */
 bool sb_tpl_jinja_has_filter(const char *name);
 bool sb_tpl_jinja_has_test(const char *name);
+/* Checks args against def->params (too many, unknown or repeated
+ * keywords fail as Python's TypeError would), then calls def->fn. */
+sb_status sb_tpl_invoke(sb_tpl_interp *it, const sb_tpl_node *at, const sb_tpl_fn_def *def, sb_tpl_val self,
+                        const sb_tpl_args *args, sb_tpl_val *out);
 /* Argument `i` (positional) or `name` (keyword) of args; false if absent. */
 bool sb_tpl_arg(const sb_tpl_args *args, size_t i, const char *name, sb_tpl_val *out);
 /* Iterates a value as Python's iter() would (list items, dict keys, string

@@ -175,6 +175,15 @@ size_t sb_tpl_str_offset(const sb_tpl_str *s, size_t index) {
     return pos;
 }
 
+const char *sb_tpl_find_bytes(const char *hay, size_t hay_len, const char *needle, size_t needle_len) {
+    if (needle_len == 0)
+        return hay;
+    for (size_t i = 0; i + needle_len <= hay_len; i++)
+        if (hay[i] == needle[0] && memcmp(hay + i, needle, needle_len) == 0)
+            return hay + i;
+    return NULL;
+}
+
 bool sb_tpl_is_space(uint32_t c) {
     return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
            (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;

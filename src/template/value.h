@@ -116,6 +116,8 @@ size_t sb_tpl_str_offset(const sb_tpl_str *s, size_t index);
 uint32_t sb_tpl_utf8_next(const char *s, size_t len, size_t *pos);
 /* Appends the UTF-8 encoding of cp to out (at most 4 bytes); returns bytes written. */
 size_t sb_tpl_utf8_put(uint32_t cp, char *out);
+/* First occurrence of needle in hay (memmem), or NULL; an empty needle is found at hay. */
+const char *sb_tpl_find_bytes(const char *hay, size_t hay_len, const char *needle, size_t needle_len);
 /* Python str.isspace() for one code point. */
 bool sb_tpl_is_space(uint32_t cp);
 

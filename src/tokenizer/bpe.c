@@ -30,9 +30,11 @@
  * is (and counts as "other" for the regexes); code points above U+10FFFF,
  * where llama.cpp throws, also become U+FFFD.
  *
- * A per-call cache maps pre-tokens already seen to their ids, so long texts
- * (where words repeat) skip the encoding and merging of repeats. Everything
- * mutable lives in the call, so one vocabulary serves many threads.
+ * A cache kept for one sb_vocab_tokenize call (across its special-token
+ * separated runs) maps pre-tokens already seen to their ids, so long texts,
+ * where words repeat, skip the encoding and merging of repeats. Everything
+ * mutable lives in that call's session, so one vocabulary serves many
+ * threads.
  *
  * Non-goals: the pre-tokenizers whose regexes need more than \p{L}, \p{N},
  * \p{P} and \s (llama.cpp's collapsed-category tricks for \p{S}/\p{M}, and
@@ -478,39 +480,43 @@ typedef struct pair {
     uint32_t size;       /* bytes of the pair when queued */
 } pair;
 
-/* Pre-tokens already encoded in this call: text -> ids. Keys point into the
- * call's text; at most max_entries are kept (then lookups still work). */
+/* A pre-token encoded earlier in the same tokenize call. */
 typedef struct cache_entry {
     uint32_t hash;
-    uint32_t key_off, key_len; /* the pre-token at text + key_off */
+    uint32_t key_off, key_len; /* its bytes at keys + key_off */
     uint32_t ids_off, n_ids;   /* its ids at ids + ids_off */
 } cache_entry;
 
-enum { CACHE_MAX_KEY = 128, CACHE_MAX_ENTRIES = 1 << 15 };
+/* Longer pre-tokens are not cached; after CACHE_MAX_ENTRIES new ones are not
+ * either (lookups go on), which bounds the cache at a few MB. */
+enum { CACHE_MAX_KEY = 128, CACHE_MAX_ENTRIES = 1 << 15, CACHE_MIN_SLOTS = 1 << 10 };
 
-typedef struct session {
+struct sb__bpe_session {
     const sb_vocab *v;
     const sb__bpe *b;
+    pcre2_match_data *md;
+    /* the current run */
     const char *text;    /* what gets byte-encoded */
     const char *re_text; /* what the regexes see (same length) */
-    pcre2_match_data *md;
     sb__tok_out *out;
-
-    char *word; /* the encoded pre-token */
+    /* scratch for one pre-token, grown on demand */
+    char *word; /* the byte-encoded pre-token */
     size_t cap_word;
     symbol *sym;
     size_t cap_sym;
     pair *heap; /* min-heap by (rank, left) */
     size_t n_heap, cap_heap;
-    int32_t *ids; /* ids of the current pre-token, then kept for the cache */
-    size_t n_ids, cap_ids;
-
-    uint32_t *slots; /* cache: entry index or UINT32_MAX; mask + 1 slots; NULL = no cache */
+    /* the cache: open addressing over entries; slots hold an entry index or
+     * UINT32_MAX; NULL until a run long enough to need it */
+    uint32_t *slots;
     uint32_t mask;
     cache_entry *entries;
-    uint32_t n_entries;
-    bool nomem;
-} session;
+    uint32_t n_entries, cap_entries;
+    char *keys;
+    size_t n_keys, cap_keys;
+    int32_t *ids; /* ids of cached pre-tokens, then those of the current one */
+    size_t n_ids, cap_ids;
+};
 
 static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap)
@@ -524,7 +530,7 @@ static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
     return true;
 }
 
-static bool add_id(session *ss, int32_t id) {
+static bool add_id(sb__bpe_session *ss, int32_t id) {
     if (!grow((void **)&ss->ids, &ss->cap_ids, ss->n_ids + 1, sizeof(*ss->ids)))
         return false;
     ss->ids[ss->n_ids++] = id;
@@ -535,7 +541,7 @@ static bool comes_first(const pair *a, const pair *b) {
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-static bool heap_push(session *ss, pair p) {
+static bool heap_push(sb__bpe_session *ss, pair p) {
     if (!grow((void **)&ss->heap, &ss->cap_heap, ss->n_heap + 1, sizeof(*ss->heap)))
         return false;
     size_t i = ss->n_heap++;
@@ -547,7 +553,7 @@ static bool heap_push(session *ss, pair p) {
     return true;
 }
 
-static pair heap_pop(session *ss) {
+static pair heap_pop(sb__bpe_session *ss) {
     pair top = ss->heap[0], last = ss->heap[--ss->n_heap];
     size_t i = 0, n = ss->n_heap;
     for (;;) {
@@ -566,7 +572,7 @@ static pair heap_pop(session *ss) {
 }
 
 /* Queues the pair if a merge joins it; false only when out of memory. */
-static bool try_pair(session *ss, int32_t left, int32_t right) {
+static bool try_pair(sb__bpe_session *ss, int32_t left, int32_t right) {
     if (left < 0 || right < 0)
         return true;
     const symbol *l = &ss->sym[left], *r = &ss->sym[right];
@@ -574,9 +580,9 @@ static bool try_pair(session *ss, int32_t left, int32_t right) {
     return rank < 0 || heap_push(ss, (pair){rank, left, right, l->n + r->n});
 }
 
-/* Merges the encoded word (wlen bytes, one symbol per input byte of n) and
- * appends the resulting ids to ss->ids. */
-static bool merge_word(session *ss, const uint8_t *raw, size_t n) {
+/* Merges the byte-encoded pre-token in ss->word (one symbol per byte of
+ * raw[0..n)) and appends the resulting ids to ss->ids. */
+static bool merge_word(sb__bpe_session *ss, const uint8_t *raw, size_t n) {
     if (!grow((void **)&ss->sym, &ss->cap_sym, n, sizeof(*ss->sym)))
         return false;
     uint32_t off = 0;
@@ -601,7 +607,7 @@ static bool merge_word(session *ss, const uint8_t *raw, size_t n) {
             ss->sym[r->next].prev = p.left;
         ok = try_pair(ss, l->prev, p.left) && try_pair(ss, p.left, l->next);
     }
-    for (int32_t i = 0; ok && i >= 0; i = ss->sym[i].next) {
+    for (int32_t i = 0; ok && i >= 0; i = ss->sym[i].next) { /* symbol 0 always survives */
         const symbol *s = &ss->sym[i];
         int32_t id = sb__vocab_find(ss->v, ss->word + s->off, s->n);
         if (id >= 0) {
@@ -615,19 +621,56 @@ static bool merge_word(session *ss, const uint8_t *raw, size_t n) {
     return ok;
 }
 
-static const cache_entry *cache_find(const session *ss, const char *key, uint32_t len, uint32_t hash) {
+static const cache_entry *cache_find(const sb__bpe_session *ss, const char *key, uint32_t len, uint32_t hash) {
     for (uint32_t i = hash & ss->mask;; i = (i + 1) & ss->mask) {
         uint32_t e = ss->slots[i];
         if (e == UINT32_MAX)
             return NULL;
         const cache_entry *c = &ss->entries[e];
-        if (c->hash == hash && c->key_len == len && memcmp(ss->text + c->key_off, key, len) == 0)
+        if (c->hash == hash && c->key_len == len && memcmp(ss->keys + c->key_off, key, len) == 0)
             return c;
     }
 }
 
+static void cache_link(sb__bpe_session *ss, uint32_t e) {
+    uint32_t i = ss->entries[e].hash & ss->mask;
+    while (ss->slots[i] != UINT32_MAX)
+        i = (i + 1) & ss->mask;
+    ss->slots[i] = e;
+}
+
+/* Remembers key -> ss->ids[ids_off..n_ids); false if it was not kept (the
+ * cache is full or memory is short, which is no error). */
+static bool cache_add(sb__bpe_session *ss, const char *key, uint32_t len, uint32_t hash, size_t ids_off) {
+    if (ss->n_entries >= CACHE_MAX_ENTRIES)
+        return false;
+    if (2 * (ss->n_entries + 1) > ss->mask + 1) { /* keep the table at most half full */
+        uint32_t slots = 2 * (ss->mask + 1);
+        uint32_t *t = sb_malloc(slots * sizeof(*t));
+        if (!t)
+            return false;
+        sb_free(ss->slots);
+        ss->slots = t;
+        ss->mask = slots - 1;
+        memset(t, 0xff, slots * sizeof(*t));
+        for (uint32_t e = 0; e < ss->n_entries; e++)
+            cache_link(ss, e);
+    }
+    size_t n_entries = ss->n_entries, cap_entries = ss->cap_entries;
+    if (!grow((void **)&ss->entries, &cap_entries, n_entries + 1, sizeof(*ss->entries)) ||
+        !grow((void **)&ss->keys, &ss->cap_keys, ss->n_keys + len, 1))
+        return false;
+    ss->cap_entries = (uint32_t)cap_entries;
+    memcpy(ss->keys + ss->n_keys, key, len);
+    ss->entries[n_entries] =
+        (cache_entry){hash, (uint32_t)ss->n_keys, len, (uint32_t)ids_off, (uint32_t)(ss->n_ids - ids_off)};
+    ss->n_keys += len;
+    cache_link(ss, ss->n_entries++);
+    return true;
+}
+
 /* Encodes the pre-token text[off, off+len) and emits its ids. */
-static bool encode_word(session *ss, size_t off, size_t len) {
+static bool encode_word(sb__bpe_session *ss, size_t off, size_t len) {
     const char *key = ss->text + off;
     bool cacheable = ss->slots && len <= CACHE_MAX_KEY;
     uint32_t hash = 0;
@@ -641,13 +684,12 @@ static bool encode_word(session *ss, size_t off, size_t len) {
         }
     }
 
-    /* A cached pre-token keeps its ids at the end of ss->ids; others reuse the space. */
     size_t start = ss->n_ids;
     const uint8_t *raw = (const uint8_t *)key;
     if (!grow((void **)&ss->word, &ss->cap_word, 2 * len, 1))
         return false;
     size_t wlen = 0;
-    for (size_t i = 0; i < len; i++) {
+    for (size_t i = 0; i < len; i++) { /* 2 bytes always fit: the buffer has 2 per input byte */
         memcpy(ss->word + wlen, ss->b->enc[raw[i]], 2);
         wlen += ss->b->enc_len[raw[i]];
     }
@@ -656,24 +698,15 @@ static bool encode_word(session *ss, size_t off, size_t len) {
         return false;
     for (size_t i = start; i < ss->n_ids; i++)
         sb__tok_emit(ss->out, ss->ids[i]);
-
-    if (cacheable && ss->n_entries < CACHE_MAX_ENTRIES && ss->n_entries <= ss->mask / 2) {
-        cache_entry *c = &ss->entries[ss->n_entries];
-        *c = (cache_entry){hash, (uint32_t)off, (uint32_t)len, (uint32_t)start, (uint32_t)(ss->n_ids - start)};
-        uint32_t i = hash & ss->mask;
-        while (ss->slots[i] != UINT32_MAX)
-            i = (i + 1) & ss->mask;
-        ss->slots[i] = ss->n_entries++;
-    } else {
-        ss->n_ids = start;
-    }
+    if (!cacheable || !cache_add(ss, key, (uint32_t)len, hash, start))
+        ss->n_ids = start; /* not kept: the space is reused */
     return true;
 }
 
-/* Runs regex `level` over [start, end) of the text and hands every match and
+/* Runs regex `level` over [start, end) of the run and hands every match and
  * every stretch between matches to the next level; past the last level the
  * pieces are pre-tokens. Returns false on failure, with err set. */
-static bool split(session *ss, int level, size_t start, size_t end, sb_error *err) {
+static bool split(sb__bpe_session *ss, int level, size_t start, size_t end, sb_error *err) {
     if (level == ss->b->n_re) {
         if (!encode_word(ss, start, end - start)) {
             sb_fail(err, SB_ERR_NOMEM, "out of memory encoding a pre-token of %zu bytes", end - start);
@@ -700,7 +733,7 @@ static bool split(session *ss, int level, size_t start, size_t end, sb_error *er
         size_t ms = ov[0], me = ov[1];
         if (me == ms) { /* an empty match (none of the patterns makes one): search on */
             from = ms + 1;
-            while (from < n && is_cont((uint8_t)subject[from]))
+            while (from < n && is_cont(subject[from]))
                 from++;
             continue;
         }
@@ -713,47 +746,63 @@ static bool split(session *ss, int level, size_t start, size_t end, sb_error *er
     return done >= n || split(ss, level + 1, start + done, end, err);
 }
 
-sb_status sb__bpe_encode(const sb_vocab *v, const char *text, size_t len, sb__tok_out *out, sb_error *err) {
-    const sb__bpe *b = v->bpe;
+static sb__bpe_session *session_create(const sb_vocab *v) {
+    sb__bpe_session *ss = sb_calloc(1, sizeof(*ss));
+    if (!ss)
+        return NULL;
+    ss->v = v;
+    ss->b = v->bpe;
+    ss->md = pcre2_match_data_create(1, v->bpe->gctx);
+    if (!ss->md) {
+        sb_free(ss);
+        return NULL;
+    }
+    return ss;
+}
+
+void sb__bpe_session_free(sb__bpe_session *ss) {
+    if (!ss)
+        return;
+    pcre2_match_data_free(ss->md);
+    sb_free(ss->word);
+    sb_free(ss->sym);
+    sb_free(ss->heap);
+    sb_free(ss->slots);
+    sb_free(ss->entries);
+    sb_free(ss->keys);
+    sb_free(ss->ids);
+    sb_free(ss);
+}
+
+sb_status sb__bpe_encode(const sb_vocab *v, sb__bpe_session **session, const char *text, size_t len,
+                         sb__tok_out *out, sb_error *err) {
     if (len == 0)
         return SB_OK;
     if (len > INT32_MAX / 4)
         return sb_fail(err, SB_ERR_INVALID_ARG, "text of %zu bytes is too long to tokenize in one piece", len);
+    if (!*session && !(*session = session_create(v)))
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory tokenizing %zu bytes", len);
+    sb__bpe_session *ss = *session;
+    if (!ss->slots && len >= 64) { /* short texts have few repeats to find */
+        ss->slots = sb_malloc(CACHE_MIN_SLOTS * sizeof(*ss->slots));
+        if (ss->slots) { /* else: no cache */
+            memset(ss->slots, 0xff, CACHE_MIN_SLOTS * sizeof(*ss->slots));
+            ss->mask = CACHE_MIN_SLOTS - 1;
+        }
+    }
     uint8_t *fixed = NULL, *fixed_re = NULL;
     if (!utf8_well_formed((const uint8_t *)text, len)) {
         if (!normalize_text((const uint8_t *)text, len, &fixed, &fixed_re, &len))
             return sb_fail(err, SB_ERR_NOMEM, "out of memory tokenizing %zu bytes", len);
         text = (const char *)fixed;
     }
-    session ss = {.v = v, .b = b, .text = text, .re_text = fixed_re ? (const char *)fixed_re : text, .out = out};
-    ss.md = pcre2_match_data_create(1, b->gctx);
-    bool ok = ss.md != NULL;
-    if (ok && len >= 64) { /* short texts have few repeats to find */
-        uint32_t slots = 256;
-        while (slots < 2 * CACHE_MAX_ENTRIES && slots < len / 2)
-            slots <<= 1;
-        ss.slots = sb_malloc(slots * sizeof(*ss.slots));
-        ss.entries = sb_malloc((slots / 2 + 1) * sizeof(*ss.entries));
-        if (ss.slots && ss.entries) {
-            memset(ss.slots, 0xff, slots * sizeof(*ss.slots));
-            ss.mask = slots - 1;
-        } else { /* run without a cache */
-            sb_free(ss.slots);
-            ss.slots = NULL;
-        }
-    }
+    ss->text = text;
+    ss->re_text = fixed_re ? (const char *)fixed_re : text;
+    ss->out = out;
     sb_status st = SB_OK;
-    if (!ok)
-        st = sb_fail(err, SB_ERR_NOMEM, "out of memory tokenizing %zu bytes", len);
-    else if (!split(&ss, 0, 0, len, err))
+    if (!split(ss, 0, 0, len, err))
         st = err ? err->status : SB_ERR_NOMEM;
-    pcre2_match_data_free(ss.md);
-    sb_free(ss.slots);
-    sb_free(ss.entries);
-    sb_free(ss.word);
-    sb_free(ss.sym);
-    sb_free(ss.heap);
-    sb_free(ss.ids);
+    ss->text = ss->re_text = NULL;
     sb_free(fixed);
     sb_free(fixed_re);
     return st;

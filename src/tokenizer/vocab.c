@@ -31,13 +31,18 @@ static const struct {
     {"gpt2", SB_VOCAB_BPE, 11, 11, -1, false, false}, /* add_bos: see sb__bpe_load */
 };
 
-static sb_status encode_text(const sb_vocab *v, const char *text, size_t len, bool after_special, sb__tok_out *out,
-                             sb_error *err) {
+/* Scratch state one tokenize call keeps across its text runs. */
+typedef struct encode_state {
+    sb__bpe_session *bpe;
+} encode_state;
+
+static sb_status encode_text(const sb_vocab *v, encode_state *es, const char *text, size_t len, bool after_special,
+                             sb__tok_out *out, sb_error *err) {
     switch (v->kind) {
     case SB_VOCAB_SPM:
         return sb__spm_encode(v, text, len, after_special, out, err);
     case SB_VOCAB_BPE:
-        return sb__bpe_encode(v, text, len, out, err);
+        return sb__bpe_encode(v, &es->bpe, text, len, out, err);
     }
     return sb_fail(err, SB_ERR_UNSUPPORTED, "tokenizer kind %d has no encoder", (int)v->kind);
 }
@@ -542,6 +547,7 @@ sb_status sb_vocab_tokenize(const sb_vocab *v, const char *text, size_t len, boo
     sb_status st = SB_OK;
     if (len) {
         fragment_list frags = {0};
+        encode_state es = {0};
         st = split_specials(v, text, len, parse_special, &frags, err);
         bool after_special = true;
         for (size_t i = 0; st == SB_OK && i < frags.n; i++) {
@@ -550,11 +556,12 @@ sb_status sb_vocab_tokenize(const sb_vocab *v, const char *text, size_t len, boo
                 sb__tok_emit(&out, f->token);
                 after_special = true;
             } else {
-                st = encode_text(v, text + f->off, f->len, after_special, &out, err);
+                st = encode_text(v, &es, text + f->off, f->len, after_special, &out, err);
                 after_special = false;
             }
         }
         sb_free(frags.items);
+        sb__bpe_session_free(es.bpe);
         if (st != SB_OK)
             return st;
     }

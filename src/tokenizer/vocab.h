@@ -55,8 +55,12 @@ size_t sb_vocab_detok_flush(sb_detok_t *d, char *out, size_t cap);
 void sb_vocab_detok_free(sb_detok_t *d);
 
 /* As sb_detokenize: the raw bytes of the pieces (llama_detokenize with
- * remove_special=false), which may be invalid UTF-8 if the ids are. An id
- * outside the vocabulary fails with SB_ERR_INVALID_ARG. */
+ * remove_special=false), which may be invalid UTF-8 if the ids are. BPE
+ * vocabularies with clean_spaces (llama-bpe, gpt-2, default) then get
+ * llama.cpp's clean-up of spaces before punctuation and contractions, and
+ * *n_out is the cleaned length; the streaming detokenizer above does no
+ * clean-up, like llama.cpp's token_to_piece. An id outside the vocabulary
+ * fails with SB_ERR_INVALID_ARG. */
 sb_status sb_vocab_detokenize(const sb_vocab *v, const int32_t *ids, size_t n, bool strip_leading_space,
                               bool render_special, char *out, size_t cap, size_t *n_out, sb_error *err);
 
@@ -143,9 +147,15 @@ sb_status sb__spm_encode(const sb_vocab *v, const char *text, size_t len, bool a
 sb_status sb__bpe_load(sb_vocab *v, const sb_gguf *gguf, bool *add_bos_default, sb_error *err);
 void sb__bpe_free(sb__bpe *bpe);
 
-/* bpe.c: encodes one run of plain text (no special tokens inside). Thread-safe
- * on a shared vocabulary: all scratch state lives in the call. */
-sb_status sb__bpe_encode(const sb_vocab *v, const char *text, size_t len, sb__tok_out *out, sb_error *err);
+/* bpe.c: encodes one run of plain text (no special tokens inside). The
+ * runs of one sb_vocab_tokenize call share *session (buffers and the cache
+ * of encoded pre-tokens): it starts NULL, is created on first use and is
+ * released with sb__bpe_session_free. A session belongs to one thread; the
+ * vocabulary itself is only read. */
+typedef struct sb__bpe_session sb__bpe_session;
+sb_status sb__bpe_encode(const sb_vocab *v, sb__bpe_session **session, const char *text, size_t len,
+                         sb__tok_out *out, sb_error *err);
+void sb__bpe_session_free(sb__bpe_session *session);
 
 /* bpe.c: the bytes a byte-level token string stands for (GPT-2's unicode
  * alphabet mapped back to bytes), written to dst unless dst is NULL; returns

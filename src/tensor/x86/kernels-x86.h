@@ -80,6 +80,20 @@ SBX_ALWAYS float h2f(const uint8_t *p) {
     return _cvtsh_ss(h); /* exact, as sb_fp16_to_fp32 */
 }
 
+/* Decode reads each weight once, in R short interleaved row streams that the
+ * hardware prefetcher follows poorly. A decode tile therefore prefetches the
+ * next tile's rows (they follow this tile's when rows are packed) at the
+ * pace it consumes its own: `bytes` more of them per step. */
+#ifndef SBX_PREFETCH
+#define SBX_PREFETCH 4
+#endif
+SBX_ALWAYS void prefetch_ahead(const uint8_t *p, size_t bytes) {
+    if (!SBX_PREFETCH)
+        return;
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
 /* ==== float formats ===================================================== */
 
 SBX_ALWAYS size_t f_esize(fmt f) { return f == F_F32 ? 4 : 2; }
@@ -167,6 +181,8 @@ SBX_ALWAYS void f_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t 
                 SBX_UNROLL for (int q = 0; q < ps; q++)
                     acc[r][t][q] = vf_zero();
         for (int64_t i = 0; i < nc; i += 64) {
+            if (T == 1 && ps == FP)
+                prefetch_ahead(w + SBX_PREFETCH * R * ws + (size_t)(i * R) * es, (size_t)(64 * R) * es);
             SBX_UNROLL for (int q = 0; q < ps; q++) {
                 const size_t off = (size_t)(i + (p0 + q) * VW) * es;
                 vf wv[FRV > FRM ? FRV : FRM];
@@ -326,6 +342,8 @@ SBX_ALWAYS void q_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t 
         }
     for (int64_t b = 0; b < n / SB_QK; b++) {
         wblock wb[RMAX];
+        if (T == 1)
+            prefetch_ahead(w + SBX_PREFETCH * R * ws + (size_t)b * R * wsz, R * wsz);
         SBX_UNROLL for (int r = 0; r < R; r++)
             wb[r] = w_decode(f, w + r * ws + (size_t)b * wsz);
         SBX_UNROLL for (int t = 0; t < T; t++) {

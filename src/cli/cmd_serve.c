@@ -1,0 +1,94 @@
+/*
+ * cmd_serve.c - `switchboard serve`: the OpenAI-compatible HTTP server
+ * (src/server/) on one model until SIGINT or SIGTERM. It listens first and
+ * loads the model after, so /health answers 503 during the load; the bound
+ * address is printed as "listening on http://HOST:PORT" (with --port 0 the
+ * kernel picks the port and this line says which).
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "server/server.h"
+
+static const char serve_usage[] =
+    "usage: switchboard serve -m FILE [--host 127.0.0.1] [--port 8080] [--ctx N] [--parallel N] [--threads N]\n"
+    "                         [--alias NAME] [--max-batch-tokens N] [--max-body BYTES] [--max-queue N]\n"
+    "                         [--timeout SECONDS] [--quiet]\n";
+
+static void log_line(void *user, const char *line) { fprintf(stderr, "switchboard serve: %s\n", line); }
+
+/* Access lines are dropped with --quiet; start-up and errors still print. */
+static void log_quiet(void *user, const char *line) {
+    if (strncmp(line, "GET ", 4) != 0 && strncmp(line, "POST ", 5) != 0)
+        log_line(user, line);
+}
+
+int sb_cmd_serve(int argc, char **argv) {
+    sb_srv_params p = sb_srv_default_params();
+    const char *v;
+    bool quiet = false;
+    for (int i = 1; i < argc; i++) {
+        if (sb_cli_opt(argc, argv, &i, "-m", &p.model_path) || sb_cli_opt(argc, argv, &i, "--model", &p.model_path) ||
+            sb_cli_opt(argc, argv, &i, "--host", &p.host) || sb_cli_opt(argc, argv, &i, "--alias", &p.model_id))
+            continue;
+        if (sb_cli_opt(argc, argv, &i, "--port", &v))
+            p.port = (uint16_t)sb_cli_int("--port", v, 0, 65535);
+        else if (sb_cli_opt(argc, argv, &i, "-c", &v) || sb_cli_opt(argc, argv, &i, "--ctx", &v))
+            p.engine.n_ctx = (int32_t)sb_cli_int("--ctx", v, 16, 1 << 24);
+        else if (sb_cli_opt(argc, argv, &i, "-np", &v) || sb_cli_opt(argc, argv, &i, "--parallel", &v))
+            p.engine.n_parallel = (int32_t)sb_cli_int("--parallel", v, 1, 4096);
+        else if (sb_cli_opt(argc, argv, &i, "-t", &v) || sb_cli_opt(argc, argv, &i, "--threads", &v))
+            p.engine.n_threads = (int32_t)sb_cli_int("--threads", v, 1, 1024);
+        else if (sb_cli_opt(argc, argv, &i, "--max-batch-tokens", &v))
+            p.engine.max_batch_tokens = (int32_t)sb_cli_int("--max-batch-tokens", v, 1, 1 << 20);
+        else if (sb_cli_opt(argc, argv, &i, "--max-queue", &v))
+            p.engine.max_queue = (int32_t)sb_cli_int("--max-queue", v, 1, 1 << 20);
+        else if (sb_cli_opt(argc, argv, &i, "--max-body", &v))
+            p.max_body = (size_t)sb_cli_int("--max-body", v, 1, INT64_C(1) << 32);
+        else if (sb_cli_opt(argc, argv, &i, "--timeout", &v))
+            p.timeout_s = (uint32_t)sb_cli_int("--timeout", v, 1, 86400);
+        else if (strcmp(argv[i], "--quiet") == 0)
+            quiet = true;
+        else {
+            fprintf(stderr, "switchboard serve: unknown option '%s'\n%s", argv[i], serve_usage);
+            return SB_EXIT_USAGE;
+        }
+    }
+    if (!p.model_path) {
+        fputs(serve_usage, stderr);
+        return SB_EXIT_USAGE;
+    }
+    p.log = quiet ? log_quiet : log_line;
+
+    /* Every thread started from here on inherits this mask, so the signals
+     * reach only sigwait below; SIGPIPE from a vanished client is ignored. */
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    sb_srv *srv;
+    sb_error err;
+    if (sb_srv_start(&p, &srv, &err) != SB_OK)
+        return sb_cli_error("%s", err.msg);
+    fprintf(stderr, "switchboard serve: listening on http://%s:%u (loading %s)\n", p.host, (unsigned)sb_srv_port(srv),
+            p.model_path);
+    double t0 = sb_cli_now();
+    if (sb_srv_load(srv, &err) != SB_OK) {
+        sb_srv_stop(srv);
+        return sb_cli_error("%s", err.msg);
+    }
+    fprintf(stderr, "switchboard serve: ready in %.2fs\n", sb_cli_now() - t0);
+
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    fprintf(stderr, "switchboard serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    sb_srv_stop(srv);
+    return 0;
+}

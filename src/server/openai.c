@@ -1,0 +1,1003 @@
+/*
+ * openai.c - OpenAI request parsing and response building (see openai.h).
+ *
+ * Sections: errors; field access with type checks; prompts (chat messages,
+ * completion prompts, embedding inputs) to tokens; the three request
+ * parsers; whole answers; streamed chunks; models.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "base/base.h"
+#include "server/gen.h"
+#include "server/openai.h"
+#include "server/server-impl.h"
+
+/* ---- errors -------------------------------------------------------------- */
+
+void sb_oai_err_set(sb_oai_err *e, unsigned status, const char *type, const char *code, const char *param,
+                    const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+/* Appends the JSON text of item (unformatted) to out and deletes it. */
+static void put_json(sb_srv_buf *out, cJSON *item) {
+    char *s = item ? cJSON_PrintUnformatted(item) : NULL;
+    if (s)
+        sb_srv_buf_puts(out, s);
+    else
+        out->failed = true;
+    cJSON_free(s);
+    cJSON_Delete(item);
+}
+
+void sb_oai_err_json(const sb_oai_err *e, sb_srv_buf *out) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON *o = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(o, "message", e->message);
+    cJSON_AddStringToObject(o, "type", e->type ? e->type : "invalid_request_error");
+    if (e->param[0])
+        cJSON_AddStringToObject(o, "param", e->param);
+    else
+        cJSON_AddNullToObject(o, "param");
+    if (e->code)
+        cJSON_AddStringToObject(o, "code", e->code);
+    else
+        cJSON_AddNullToObject(o, "code");
+    put_json(out, root);
+}
+
+static bool invalid(sb_oai_err *e, const char *param, const char *code, const char *fmt, ...) SB_PRINTF(4, 5);
+static bool invalid(sb_oai_err *e, const char *param, const char *code, const char *fmt, ...) {
+    char msg[sizeof e->message];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    sb_oai_err_set(e, 400, "invalid_request_error", code, param, "%s", msg);
+    return false;
+}
+
+/* ---- fields ---------------------------------------------------------------- */
+
+/* The member `name` of obj, or NULL if absent or null. */
+static const cJSON *field(const cJSON *obj, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static const char *type_name(const cJSON *v) {
+    if (cJSON_IsString(v))
+        return "a string";
+    if (cJSON_IsNumber(v))
+        return "a number";
+    if (cJSON_IsBool(v))
+        return "a boolean";
+    if (cJSON_IsArray(v))
+        return "an array";
+    if (cJSON_IsObject(v))
+        return "an object";
+    return "null";
+}
+
+static bool bad_type(sb_oai_err *e, const char *param, const char *want, const cJSON *v) {
+    return invalid(e, param, "invalid_type", "'%s' must be %s, got %s", param, want, type_name(v));
+}
+
+static bool get_float(const cJSON *obj, const char *name, double lo, double hi, float *out, sb_oai_err *e) {
+    const cJSON *v = field(obj, name);
+    if (!v)
+        return true;
+    if (!cJSON_IsNumber(v))
+        return bad_type(e, name, "a number", v);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+        return invalid(e, name, "invalid_value", "'%s' must be between %g and %g, got %g", name, lo, hi,
+                       v->valuedouble);
+    *out = (float)v->valuedouble;
+    return true;
+}
+
+static bool is_integer(const cJSON *v) { return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble); }
+
+/* *present (if not NULL) tells whether the field was given. */
+static bool get_int(const cJSON *obj, const char *name, double lo, double hi, int64_t *out, bool *present,
+                    sb_oai_err *e) {
+    const cJSON *v = field(obj, name);
+    if (present)
+        *present = v != NULL;
+    if (!v)
+        return true;
+    if (!is_integer(v))
+        return bad_type(e, name, "an integer", v);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+        return invalid(e, name, "invalid_value", "'%s' must be between %.0f and %.0f, got %.0f", name, lo, hi,
+                       v->valuedouble);
+    *out = (int64_t)v->valuedouble;
+    return true;
+}
+
+static bool get_bool(const cJSON *obj, const char *name, bool *out, sb_oai_err *e) {
+    const cJSON *v = field(obj, name);
+    if (!v)
+        return true;
+    if (!cJSON_IsBool(v))
+        return bad_type(e, name, "a boolean", v);
+    *out = cJSON_IsTrue(v);
+    return true;
+}
+
+static bool check_string(const cJSON *obj, const char *name, sb_oai_err *e) {
+    const cJSON *v = field(obj, name);
+    return !v || cJSON_IsString(v) || bad_type(e, name, "a string", v);
+}
+
+/* Given a value that asks for something: not null, false, "" or empty. */
+static bool asks(const cJSON *v) {
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v))
+        return false;
+    if (cJSON_IsString(v))
+        return v->valuestring[0] != '\0';
+    if (cJSON_IsArray(v) || cJSON_IsObject(v))
+        return v->child != NULL;
+    return true;
+}
+
+static bool refuse_unsupported(const cJSON *root, const char *const *names, sb_oai_err *e) {
+    for (; *names; names++)
+        if (asks(cJSON_GetObjectItemCaseSensitive(root, *names)))
+            return invalid(e, *names, "unsupported_parameter", "'%s' is not supported by switchboard", *names);
+    return true;
+}
+
+/* ---- prompts ------------------------------------------------------------- */
+
+/* Tokenizes text into a new list, BOS per the model when add_bos. */
+static bool tokenize(sb_srv *srv, const char *text, size_t len, bool add_bos, bool parse_special, int32_t **ids,
+                     int32_t *n, const char *param, sb_oai_err *e) {
+    size_t need = 0;
+    sb_error err;
+    int32_t probe[1];
+    sb_status st = sb_tokenize(srv->model, text, len, add_bos, parse_special, probe, 0, &need, &err);
+    if (st != SB_OK && st != SB_ERR_INVALID_ARG)
+        return invalid(e, param, "invalid_value", "'%s' cannot be tokenized: %s", param, err.msg);
+    if (need == 0)
+        return invalid(e, param, "invalid_value", "'%s' is empty", param);
+    if (need > INT32_MAX / 2 || !(*ids = sb_malloc(need * sizeof(int32_t)))) {
+        sb_oai_err_set(e, 500, "server_error", NULL, param, "out of memory tokenizing '%s'", param);
+        return false;
+    }
+    if (sb_tokenize(srv->model, text, len, add_bos, parse_special, *ids, need, &need, &err) != SB_OK) {
+        sb_free(*ids);
+        *ids = NULL;
+        return invalid(e, param, "invalid_value", "'%s' cannot be tokenized: %s", param, err.msg);
+    }
+    *n = (int32_t)need;
+    return true;
+}
+
+/* An array of token ids, each checked against the vocabulary. */
+static bool token_list(sb_srv *srv, const cJSON *arr, int32_t **ids, int32_t *n, const char *param, sb_oai_err *e) {
+    int size = cJSON_GetArraySize(arr);
+    if (size == 0)
+        return invalid(e, param, "invalid_value", "'%s' is empty", param);
+    if (!(*ids = sb_malloc((size_t)size * sizeof(int32_t)))) {
+        sb_oai_err_set(e, 500, "server_error", NULL, param, "out of memory for '%s'", param);
+        return false;
+    }
+    int32_t n_vocab = sb_model_n_vocab(srv->model);
+    int i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, arr) {
+        if (!is_integer(t) || t->valuedouble < 0 || t->valuedouble >= n_vocab) {
+            sb_free(*ids);
+            *ids = NULL;
+            if (!is_integer(t))
+                return invalid(e, param, "invalid_type", "'%s[%d]' must be a token id (an integer), got %s", param,
+                               i, type_name(t));
+            return invalid(e, param, "invalid_value", "'%s[%d]' is %.0f, not a token id of this model (0..%d)", param,
+                           i, t->valuedouble, (int)n_vocab - 1);
+        }
+        (*ids)[i++] = (int32_t)t->valuedouble;
+    }
+    *n = size;
+    return true;
+}
+
+static bool alloc_prompts(sb_oai_req *r, int32_t n, const char *param, sb_oai_err *e) {
+    r->prompts = sb_calloc((size_t)n, sizeof *r->prompts);
+    r->prompt_lens = sb_calloc((size_t)n, sizeof *r->prompt_lens);
+    if (!r->prompts || !r->prompt_lens) {
+        sb_oai_err_set(e, 500, "server_error", NULL, param, "out of memory for %d prompts", (int)n);
+        return false;
+    }
+    r->n_prompts = n;
+    return true;
+}
+
+/* A completion prompt or embedding input: a string, an array of strings, an
+ * array of token ids, or an array of token-id arrays. */
+static bool parse_prompts(sb_srv *srv, const cJSON *root, const char *name, sb_oai_req *r, sb_oai_err *e) {
+    const cJSON *v = field(root, name);
+    if (!v)
+        return invalid(e, name, "missing_required_parameter", "you must provide '%s'", name);
+    const char *want = "a string, an array of strings, an array of token ids or an array of token-id arrays";
+    if (cJSON_IsString(v)) {
+        if (!alloc_prompts(r, 1, name, e))
+            return false;
+        return tokenize(srv, v->valuestring, strlen(v->valuestring), true, true, &r->prompts[0], &r->prompt_lens[0],
+                        name, e);
+    }
+    if (!cJSON_IsArray(v))
+        return bad_type(e, name, want, v);
+    int size = cJSON_GetArraySize(v);
+    if (size == 0)
+        return invalid(e, name, "invalid_value", "'%s' is an empty array", name);
+    if (cJSON_IsNumber(v->child)) {
+        if (!alloc_prompts(r, 1, name, e))
+            return false;
+        return token_list(srv, v, &r->prompts[0], &r->prompt_lens[0], name, e);
+    }
+    if (size > SB_OAI_MAX_CHOICES)
+        return invalid(e, name, "invalid_value", "'%s' has %d entries; at most %d are allowed", name, size,
+                       SB_OAI_MAX_CHOICES);
+    if (!alloc_prompts(r, size, name, e))
+        return false;
+    int i = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, v) {
+        char param[64];
+        snprintf(param, sizeof param, "%s[%d]", name, i);
+        if (cJSON_IsString(item)) {
+            if (!tokenize(srv, item->valuestring, strlen(item->valuestring), true, true, &r->prompts[i],
+                          &r->prompt_lens[i], param, e))
+                return false;
+        } else if (cJSON_IsArray(item)) {
+            if (!token_list(srv, item, &r->prompts[i], &r->prompt_lens[i], param, e))
+                return false;
+        } else {
+            return bad_type(e, param, "a string or an array of token ids", item);
+        }
+        i++;
+    }
+    return true;
+}
+
+/* Validates chat messages into a new array of {"role", "content": string}. */
+static cJSON *normalize_messages(const cJSON *root, sb_oai_err *e) {
+    const cJSON *msgs = field(root, "messages");
+    if (!msgs) {
+        invalid(e, "messages", "missing_required_parameter", "you must provide 'messages'");
+        return NULL;
+    }
+    if (!cJSON_IsArray(msgs)) {
+        bad_type(e, "messages", "an array", msgs);
+        return NULL;
+    }
+    if (!msgs->child) {
+        invalid(e, "messages", "invalid_value", "'messages' must not be empty");
+        return NULL;
+    }
+    cJSON *out = cJSON_CreateArray();
+    sb_srv_buf text = {0};
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        char param[96];
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!cJSON_IsObject(m)) {
+            bad_type(e, param, "an object", m);
+            goto fail;
+        }
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        const cJSON *role = field(m, "role");
+        if (!role) {
+            invalid(e, param, "missing_required_parameter", "'%s' is missing", param);
+            goto fail;
+        }
+        if (!cJSON_IsString(role)) {
+            bad_type(e, param, "a string", role);
+            goto fail;
+        }
+        const char *r = role->valuestring;
+        if (strcmp(r, "tool") == 0 || strcmp(r, "function") == 0) {
+            invalid(e, param, "unsupported_value", "'%s' is '%s': tool calling is not supported by switchboard", param,
+                    r);
+            goto fail;
+        }
+        if (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && strcmp(r, "assistant")) {
+            invalid(e, param, "invalid_value", "'%s' must be one of system, developer, user, assistant; got '%.64s'",
+                    param, r);
+            goto fail;
+        }
+        static const char *const unsupported[] = {"tool_calls", "function_call", "audio", NULL};
+        for (const char *const *u = unsupported; *u; u++)
+            if (asks(cJSON_GetObjectItemCaseSensitive(m, *u))) {
+                snprintf(param, sizeof param, "messages[%d].%s", i, *u);
+                invalid(e, param, "unsupported_parameter", "'%s' is not supported by switchboard", param);
+                goto fail;
+            }
+        snprintf(param, sizeof param, "messages[%d].content", i);
+        const cJSON *content = field(m, "content");
+        sb_srv_buf_clear(&text);
+        if (!content) {
+            if (strcmp(r, "assistant") != 0) {
+                invalid(e, param, "missing_required_parameter", "'%s' is missing", param);
+                goto fail;
+            }
+        } else if (cJSON_IsString(content)) {
+            sb_srv_buf_puts(&text, content->valuestring);
+        } else if (cJSON_IsArray(content)) {
+            int j = 0;
+            const cJSON *part;
+            cJSON_ArrayForEach(part, content) {
+                snprintf(param, sizeof param, "messages[%d].content[%d]", i, j);
+                const cJSON *type = cJSON_IsObject(part) ? field(part, "type") : NULL;
+                const cJSON *t = cJSON_IsObject(part) ? field(part, "text") : NULL;
+                if (!cJSON_IsObject(part) || !cJSON_IsString(type)) {
+                    invalid(e, param, "invalid_type", "'%s' must be an object with a string 'type'", param);
+                    goto fail;
+                }
+                if (strcmp(type->valuestring, "text") != 0) {
+                    invalid(e, param, "unsupported_value",
+                            "'%s' has type '%.64s'; switchboard supports only 'text' content parts", param,
+                            type->valuestring);
+                    goto fail;
+                }
+                if (!cJSON_IsString(t)) {
+                    snprintf(param, sizeof param, "messages[%d].content[%d].text", i, j);
+                    bad_type(e, param, "a string", t ? t : part);
+                    goto fail;
+                }
+                sb_srv_buf_puts(&text, t->valuestring);
+                j++;
+            }
+        } else {
+            bad_type(e, param, "a string or an array of content parts", content);
+            goto fail;
+        }
+        snprintf(param, sizeof param, "messages[%d].name", i);
+        const cJSON *name = field(m, "name");
+        if (name && !cJSON_IsString(name)) {
+            bad_type(e, param, "a string", name);
+            goto fail;
+        }
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "role", strcmp(r, "developer") == 0 ? "system" : r);
+        cJSON_AddStringToObject(o, "content", text.p ? text.p : "");
+        cJSON_AddItemToArray(out, o);
+        i++;
+    }
+    if (text.failed) {
+        sb_oai_err_set(e, 500, "server_error", NULL, "messages", "out of memory reading 'messages'");
+        goto fail;
+    }
+    sb_srv_buf_free(&text);
+    return out;
+fail:
+    sb_srv_buf_free(&text);
+    cJSON_Delete(out);
+    return NULL;
+}
+
+/* Renders and tokenizes the chat prompt into r->prompts[0]. */
+static bool chat_prompt(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
+    cJSON *msgs = normalize_messages(root, e);
+    if (!msgs)
+        return false;
+    char *text = NULL;
+    size_t len = 0;
+    sb_error err;
+    sb_status st = sb_srv_chat_render(srv->chat, msgs, &text, &len, &err);
+    cJSON_Delete(msgs);
+    if (st != SB_OK) {
+        if (st == SB_ERR_NOMEM)
+            sb_oai_err_set(e, 500, "server_error", NULL, "messages", "%s", err.msg);
+        else
+            invalid(e, "messages", "invalid_value", "the chat template cannot render these messages: %s", err.msg);
+        return false;
+    }
+    /* A template that writes the BOS text itself must not get a second one. */
+    int32_t bos = sb_model_token_bos(srv->model);
+    const char *bos_text = bos >= 0 ? sb_token_text(srv->model, bos) : NULL;
+    bool add_bos = !(bos_text && bos_text[0] && strncmp(text, bos_text, strlen(bos_text)) == 0);
+    bool ok = alloc_prompts(r, 1, "messages", e) &&
+              tokenize(srv, text, len, add_bos, true, &r->prompts[0], &r->prompt_lens[0], "messages", e);
+    sb_free(text);
+    return ok;
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+static bool parse_stop(const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
+    const cJSON *v = field(root, "stop");
+    if (!v)
+        return true;
+    const char *want = "a string or an array of strings";
+    const cJSON *item = v;
+    if (cJSON_IsArray(v)) {
+        if (cJSON_GetArraySize(v) > SB_OAI_MAX_STOPS)
+            return invalid(e, "stop", "invalid_value", "'stop' has %d entries; at most %d are allowed",
+                           cJSON_GetArraySize(v), SB_OAI_MAX_STOPS);
+        item = v->child;
+    } else if (!cJSON_IsString(v)) {
+        return bad_type(e, "stop", want, v);
+    }
+    for (; item; item = cJSON_IsArray(v) ? item->next : NULL) {
+        if (!cJSON_IsString(item))
+            return bad_type(e, "stop", want, item);
+        if (!item->valuestring[0])
+            continue;
+        if (!(r->stops[r->n_stops] = sb_strndup(item->valuestring, strlen(item->valuestring)))) {
+            sb_oai_err_set(e, 500, "server_error", NULL, "stop", "out of memory for 'stop'");
+            return false;
+        }
+        r->n_stops++;
+    }
+    return true;
+}
+
+/* The sampling and length parameters chat and completions share. */
+static bool parse_generation(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
+    sb_sampler_params *sp = &r->sampling;
+    *sp = sb_sampler_default_params();
+    /* OpenAI's defaults: plain sampling at temperature 1, no truncation. */
+    sp->temperature = 1.0f;
+    sp->top_k = 0;
+    sp->top_p = 1.0f;
+    sp->min_p = 0.0f;
+    int64_t top_k = 0, n = 1, max_tokens = r->max_tokens, max_completion = 0, seed = 0;
+    bool seed_given = false, max_given = false;
+    if (!get_float(root, "temperature", 0, 2, &sp->temperature, e) || !get_float(root, "top_p", 0, 1, &sp->top_p, e) ||
+        !get_float(root, "min_p", 0, 1, &sp->min_p, e) ||
+        !get_float(root, "presence_penalty", -2, 2, &sp->presence_penalty, e) ||
+        !get_float(root, "frequency_penalty", -2, 2, &sp->frequency_penalty, e) ||
+        !get_float(root, "repetition_penalty", 0.01, 10, &sp->repeat_penalty, e) ||
+        !get_int(root, "top_k", 0, 1 << 30, &top_k, NULL, e) || !get_int(root, "n", 1, SB_OAI_MAX_CHOICES, &n, NULL, e) ||
+        !get_int(root, "max_tokens", 1, 1 << 30, &max_tokens, &max_given, e) ||
+        !get_int(root, "max_completion_tokens", 1, 1 << 30, &max_completion, &max_given, e) ||
+        !get_int(root, "seed", -9.3e18, 1.8e19, &seed, &seed_given, e) || !get_bool(root, "stream", &r->stream, e) ||
+        !check_string(root, "user", e) || !parse_stop(root, r, e))
+        return false;
+    if (max_given) /* max_completion_tokens, the newer name, wins over max_tokens */
+        max_tokens = max_completion;
+    sp->top_k = (int32_t)top_k;
+    sp->seed = seed_given ? (uint64_t)seed : sb__srv_random(srv);
+    r->n = (int32_t)n;
+    r->max_tokens = (int32_t)max_tokens;
+    const cJSON *so = field(root, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so))
+            return bad_type(e, "stream_options", "an object", so);
+        const cJSON *iu = field(so, "include_usage");
+        if (iu && !cJSON_IsBool(iu))
+            return bad_type(e, "stream_options.include_usage", "a boolean", iu);
+        r->include_usage = cJSON_IsTrue(iu);
+    }
+    return true;
+}
+
+static bool check_model(sb_srv *srv, const cJSON *root, sb_oai_err *e) {
+    const cJSON *m = field(root, "model");
+    if (!m)
+        return invalid(e, "model", "missing_required_parameter", "you must provide a model parameter");
+    if (!cJSON_IsString(m))
+        return bad_type(e, "model", "a string", m);
+    if (strcmp(m->valuestring, srv->id) != 0) {
+        sb_oai_err_set(e, 404, "invalid_request_error", "model_not_found", "model",
+                       "The model '%.200s' does not exist; this server serves '%.200s'", m->valuestring, srv->id);
+        return false;
+    }
+    return true;
+}
+
+static bool parse_chat(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
+    static const char *const unsupported[] = {"tools",    "tool_choice", "functions",          "function_call",
+                                              "logit_bias", "audio",     "prediction",         "web_search_options",
+                                              NULL};
+    if (!refuse_unsupported(root, unsupported, e) || !check_model(srv, root, e))
+        return false;
+    const cJSON *rf = field(root, "response_format");
+    if (rf) {
+        const cJSON *type = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
+        if (!cJSON_IsString(type))
+            return invalid(e, "response_format", "invalid_type", "'response_format' must be an object with a string 'type'");
+        if (strcmp(type->valuestring, "text") != 0)
+            return invalid(e, "response_format", "unsupported_value",
+                           "'response_format' of type '%.64s' is not supported by switchboard (only 'text')",
+                           type->valuestring);
+    }
+    const cJSON *mod = field(root, "modalities");
+    if (mod) {
+        if (!cJSON_IsArray(mod))
+            return bad_type(e, "modalities", "an array", mod);
+        const cJSON *x;
+        cJSON_ArrayForEach(x, mod) if (!cJSON_IsString(x) || strcmp(x->valuestring, "text") != 0) return invalid(
+            e, "modalities", "unsupported_value", "'modalities' other than 'text' are not supported by switchboard");
+    }
+    int64_t top = 0;
+    r->max_tokens = 0; /* chat: until the end of generation or the context */
+    if (!parse_generation(srv, root, r, e) || !get_bool(root, "logprobs", &r->logprobs, e) ||
+        !get_int(root, "top_logprobs", 0, 20, &top, NULL, e))
+        return false;
+    if (top > 0 && !r->logprobs)
+        return invalid(e, "top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs' set to true");
+    r->top_logprobs = (int32_t)top;
+    if (!chat_prompt(srv, root, r, e))
+        return false;
+    /* Without max_tokens, a chat answer may run to the end of the model's context. */
+    int32_t n_ctx = SB_MIN(sb_model_n_ctx_train(srv->model), srv->p.engine.n_ctx);
+    if (r->max_tokens <= 0 && n_ctx > r->prompt_lens[0])
+        r->max_tokens = n_ctx - r->prompt_lens[0];
+    return true;
+}
+
+static bool parse_completion(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
+    static const char *const unsupported[] = {"logit_bias", "suffix", "echo", NULL};
+    if (!refuse_unsupported(root, unsupported, e) || !check_model(srv, root, e))
+        return false;
+    int64_t lp = 0, best_of = 1;
+    bool lp_given = false;
+    r->max_tokens = 16; /* OpenAI's default for completions */
+    if (!parse_generation(srv, root, r, e) || !get_int(root, "logprobs", 0, 20, &lp, &lp_given, e) ||
+        !get_int(root, "best_of", 1, SB_OAI_MAX_CHOICES, &best_of, NULL, e))
+        return false;
+    if (best_of != 1 && best_of != r->n)
+        return invalid(e, "best_of", "unsupported_value", "'best_of' other than n is not supported by switchboard");
+    r->logprobs = lp_given;
+    r->top_logprobs = (int32_t)lp;
+    return parse_prompts(srv, root, "prompt", r, e);
+}
+
+static bool parse_embedding(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
+    if (!check_model(srv, root, e) || !check_string(root, "user", e))
+        return false;
+    const cJSON *fmt = field(root, "encoding_format");
+    if (fmt) {
+        if (!cJSON_IsString(fmt))
+            return bad_type(e, "encoding_format", "a string", fmt);
+        if (strcmp(fmt->valuestring, "base64") == 0)
+            r->base64 = true;
+        else if (strcmp(fmt->valuestring, "float") != 0)
+            return invalid(e, "encoding_format", "invalid_value", "'encoding_format' must be 'float' or 'base64'");
+    }
+    int64_t dims = srv->n_embd;
+    if (!get_int(root, "dimensions", 1, 1 << 30, &dims, NULL, e))
+        return false;
+    if (dims != srv->n_embd)
+        return invalid(e, "dimensions", "unsupported_value",
+                       "'dimensions' %lld is not supported: this model's embeddings have %d", (long long)dims,
+                       (int)srv->n_embd);
+    r->n = 1;
+    r->sampling = sb_sampler_default_params();
+    return parse_prompts(srv, root, "input", r, e);
+}
+
+bool sb_oai_parse(sb_srv *srv, sb_oai_kind kind, const char *body, size_t len, sb_oai_req *out, sb_oai_err *e) {
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    if (!root) {
+        size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
+        invalid(e, NULL, "invalid_json",
+                len == 0 ? "the request body is empty; expected a JSON object"
+                         : "the request body is not valid JSON (error at byte %zu)",
+                at);
+        return false;
+    }
+    bool ok;
+    if (!cJSON_IsObject(root))
+        ok = invalid(e, NULL, "invalid_json", "the request body must be a JSON object, got %s", type_name(root));
+    else if (kind == SB_OAI_CHAT)
+        ok = parse_chat(srv, root, out, e);
+    else if (kind == SB_OAI_COMPLETION)
+        ok = parse_completion(srv, root, out, e);
+    else
+        ok = parse_embedding(srv, root, out, e);
+    cJSON_Delete(root);
+    if (ok && (int64_t)out->n * out->n_prompts > SB_OAI_MAX_CHOICES)
+        ok = invalid(e, "n", "invalid_value", "n (%d) times the prompts (%d) is more than %d choices", (int)out->n,
+                     (int)out->n_prompts, SB_OAI_MAX_CHOICES);
+    if (!ok) {
+        sb_oai_req_free(out);
+        return false;
+    }
+    out->n_choices = out->n * out->n_prompts;
+    return true;
+}
+
+void sb_oai_req_free(sb_oai_req *r) {
+    for (int32_t i = 0; r->prompts && i < r->n_prompts; i++)
+        sb_free(r->prompts[i]);
+    sb_free(r->prompts);
+    sb_free(r->prompt_lens);
+    for (size_t i = 0; i < r->n_stops; i++)
+        sb_free(r->stops[i]);
+    memset(r, 0, sizeof *r);
+}
+
+void sb_oai_gen_params(const sb_oai_req *r, int32_t c, sb_gen_params *out) {
+    int32_t p = c / r->n;
+    *out = (sb_gen_params){
+        .prompt = r->prompts[p],
+        .n_prompt = r->prompt_lens[p],
+        .max_tokens = r->max_tokens,
+        .sampling = r->sampling,
+        .stops = (const char *const *)r->stops,
+        .n_stops = r->n_stops,
+        .top_logprobs = r->top_logprobs,
+        .logprobs = r->logprobs,
+        .embedding = r->kind == SB_OAI_EMBEDDING,
+    };
+    out->sampling.seed += (uint64_t)(c % r->n);
+}
+
+/* ---- answers ------------------------------------------------------------- */
+
+bool sb_oai_resp_init(sb_oai_resp *r, sb_srv *srv, const sb_oai_req *req) {
+    memset(r, 0, sizeof *r);
+    r->srv = srv;
+    r->req = req;
+    r->created = (int64_t)time(NULL);
+    snprintf(r->id, sizeof r->id, "%s%016llx", req->kind == SB_OAI_CHAT ? "chatcmpl-" : "cmpl-",
+             (unsigned long long)sb__srv_random(srv));
+    r->choices = sb_calloc((size_t)req->n_choices, sizeof *r->choices);
+    return r->choices != NULL;
+}
+
+void sb_oai_resp_free(sb_oai_resp *r) {
+    for (int32_t i = 0; r->choices && i < r->req->n_choices; i++) {
+        sb_oai_choice *c = &r->choices[i];
+        sb_srv_buf_free(&c->text);
+        cJSON_Delete(c->logprobs);
+        sb_free(c->embedding);
+        sb_free(c->error);
+    }
+    sb_free(r->choices);
+    r->choices = NULL;
+}
+
+static const char *finish_reason(sb_finish f) { return f == SB_FINISH_LENGTH ? "length" : "stop"; }
+
+/* A token's text as OpenAI shows it in logprobs (leading space included). */
+static void token_piece(sb_srv *srv, int32_t token, char *buf, size_t cap) {
+    size_t n = 0;
+    if (sb_detokenize(srv->model, &token, 1, false, true, buf, cap, &n, NULL) != SB_OK)
+        buf[0] = '\0';
+}
+
+static cJSON *bytes_json(const char *s) {
+    cJSON *a = cJSON_CreateArray();
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(*p));
+    return a;
+}
+
+/* Chat: one entry of logprobs.content. */
+static cJSON *chat_logprob(sb_srv *srv, const sb_srv_event *ev) {
+    char piece[256];
+    cJSON *o = cJSON_CreateObject();
+    token_piece(srv, ev->token, piece, sizeof piece);
+    cJSON_AddStringToObject(o, "token", piece);
+    cJSON_AddNumberToObject(o, "logprob", ev->logprob);
+    cJSON_AddItemToObject(o, "bytes", bytes_json(piece));
+    cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
+    for (int32_t i = 0; i < ev->n_top; i++) {
+        cJSON *t = cJSON_CreateObject();
+        token_piece(srv, ev->top[i].token, piece, sizeof piece);
+        cJSON_AddStringToObject(t, "token", piece);
+        cJSON_AddNumberToObject(t, "logprob", ev->top[i].logprob);
+        cJSON_AddItemToObject(t, "bytes", bytes_json(piece));
+        cJSON_AddItemToArray(top, t);
+    }
+    return o;
+}
+
+/* Completions: appends one token to a {tokens, token_logprobs, top_logprobs, text_offset} object. */
+static void completion_logprob(sb_srv *srv, cJSON *lp, const sb_srv_event *ev, size_t offset) {
+    char piece[256];
+    token_piece(srv, ev->token, piece, sizeof piece);
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "tokens"), cJSON_CreateString(piece));
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "token_logprobs"), cJSON_CreateNumber(ev->logprob));
+    cJSON *top = cJSON_CreateObject();
+    for (int32_t i = 0; i < ev->n_top; i++) {
+        token_piece(srv, ev->top[i].token, piece, sizeof piece);
+        if (!cJSON_GetObjectItemCaseSensitive(top, piece))
+            cJSON_AddNumberToObject(top, piece, ev->top[i].logprob);
+    }
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "top_logprobs"), top);
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "text_offset"), cJSON_CreateNumber((double)offset));
+}
+
+static cJSON *completion_logprobs_new(void) {
+    cJSON *lp = cJSON_CreateObject();
+    cJSON_AddArrayToObject(lp, "tokens");
+    cJSON_AddArrayToObject(lp, "token_logprobs");
+    cJSON_AddArrayToObject(lp, "top_logprobs");
+    cJSON_AddArrayToObject(lp, "text_offset");
+    return lp;
+}
+
+/* Records a DONE event's outcome in its choice. */
+static void record_done(sb_oai_resp *r, sb_oai_choice *c, sb_srv_event *ev) {
+    c->done = true;
+    c->finish = ev->finish;
+    c->n_prompt = ev->n_prompt;
+    c->n_cached = ev->n_prompt_cached;
+    c->n_generated = ev->n_generated;
+    c->embedding = ev->embedding;
+    c->n_embd = ev->n_embd;
+    ev->embedding = NULL;
+    c->error = ev->error;
+    ev->error = NULL;
+    r->n_done++;
+}
+
+void sb_oai_resp_add(sb_oai_resp *r, sb_srv_event *ev) {
+    sb_oai_choice *c = &r->choices[ev->choice];
+    if (!ev->done && r->req->logprobs) {
+        if (r->req->kind == SB_OAI_CHAT) {
+            if (!c->logprobs)
+                c->logprobs = cJSON_CreateArray();
+            cJSON_AddItemToArray(c->logprobs, chat_logprob(r->srv, ev));
+        } else {
+            if (!c->logprobs)
+                c->logprobs = completion_logprobs_new();
+            completion_logprob(r->srv, c->logprobs, ev, c->text.len);
+        }
+    }
+    sb_srv_buf_append(&c->text, ev->text, ev->text_len);
+    if (ev->done)
+        record_done(r, c, ev);
+}
+
+static cJSON *usage_json(const sb_oai_resp *r) {
+    int64_t prompt = 0, cached = 0, generated = 0;
+    for (int32_t i = 0; i < r->req->n_choices; i++) {
+        const sb_oai_choice *c = &r->choices[i];
+        if (i % r->req->n == 0) { /* the prompt counts once, however many choices it has */
+            prompt += c->n_prompt;
+            cached += c->n_cached;
+        }
+        generated += c->n_generated;
+    }
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
+    if (r->req->kind != SB_OAI_EMBEDDING)
+        cJSON_AddNumberToObject(u, "completion_tokens", (double)generated);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + generated));
+    if (r->req->kind != SB_OAI_EMBEDDING)
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", (double)cached);
+    return u;
+}
+
+/* The fields every chat/completion object and chunk starts with. */
+static cJSON *envelope(const sb_oai_resp *r, const char *object) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", r->id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)r->created);
+    cJSON_AddStringToObject(o, "model", r->srv->id);
+    cJSON_AddNullToObject(o, "system_fingerprint");
+    return o;
+}
+
+static const char b64_digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* An embedding as JSON text: a float array, or a string of base64 little-endian float32. */
+static cJSON *embedding_json(const float *v, int32_t n, bool base64) {
+    sb_srv_buf b = {0};
+    if (base64) {
+        const unsigned char *p = (const unsigned char *)v; /* x86-64 and ARM Linux are little-endian */
+        size_t len = (size_t)n * sizeof(float);
+        sb_srv_buf_puts(&b, "\"");
+        for (size_t i = 0; i < len; i += 3) {
+            uint32_t x = (uint32_t)p[i] << 16 | (i + 1 < len ? (uint32_t)p[i + 1] << 8 : 0) |
+                         (i + 2 < len ? p[i + 2] : 0);
+            char q[4] = {b64_digits[x >> 18 & 63], b64_digits[x >> 12 & 63],
+                         i + 1 < len ? b64_digits[x >> 6 & 63] : '=', i + 2 < len ? b64_digits[x & 63] : '='};
+            sb_srv_buf_append(&b, q, 4);
+        }
+        sb_srv_buf_puts(&b, "\"");
+    } else {
+        sb_srv_buf_puts(&b, "[");
+        for (int32_t i = 0; i < n; i++)
+            sb_srv_buf_printf(&b, i ? ",%.9g" : "%.9g", isfinite(v[i]) ? (double)v[i] : 0.0);
+        sb_srv_buf_puts(&b, "]");
+    }
+    cJSON *raw = b.failed ? NULL : cJSON_CreateRaw(b.p);
+    sb_srv_buf_free(&b);
+    return raw;
+}
+
+static cJSON *embeddings_body(const sb_oai_resp *r) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    for (int32_t i = 0; i < r->req->n_choices; i++) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "object", "embedding");
+        cJSON_AddNumberToObject(d, "index", i);
+        cJSON_AddItemToObject(d, "embedding", embedding_json(r->choices[i].embedding, r->choices[i].n_embd, r->req->base64));
+        cJSON_AddItemToArray(data, d);
+    }
+    cJSON_AddStringToObject(o, "model", r->srv->id);
+    cJSON_AddItemToObject(o, "usage", usage_json(r));
+    return o;
+}
+
+bool sb_oai_resp_body(sb_oai_resp *r, sb_srv_buf *out, sb_oai_err *e) {
+    for (int32_t i = 0; i < r->req->n_choices; i++) {
+        const sb_oai_choice *c = &r->choices[i];
+        if (c->finish == SB_FINISH_ERROR || !c->done || c->text.failed ||
+            (r->req->kind == SB_OAI_EMBEDDING && !c->embedding)) {
+            sb_oai_err_set(e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                           c->error ? c->error : "out of memory");
+            return false;
+        }
+    }
+    cJSON *o;
+    if (r->req->kind == SB_OAI_EMBEDDING) {
+        o = embeddings_body(r);
+    } else {
+        bool chat = r->req->kind == SB_OAI_CHAT;
+        o = envelope(r, chat ? "chat.completion" : "text_completion");
+        cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+        for (int32_t i = 0; i < r->req->n_choices; i++) {
+            sb_oai_choice *c = &r->choices[i];
+            cJSON *ch = cJSON_CreateObject();
+            cJSON_AddNumberToObject(ch, "index", i);
+            if (chat) {
+                cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+                cJSON_AddStringToObject(msg, "role", "assistant");
+                cJSON_AddStringToObject(msg, "content", c->text.p ? c->text.p : "");
+                cJSON_AddNullToObject(msg, "refusal");
+            } else {
+                cJSON_AddStringToObject(ch, "text", c->text.p ? c->text.p : "");
+            }
+            if (r->req->logprobs) {
+                cJSON *lp = c->logprobs ? c->logprobs : chat ? cJSON_CreateArray() : completion_logprobs_new();
+                c->logprobs = NULL;
+                if (chat) {
+                    cJSON *wrap = cJSON_CreateObject();
+                    cJSON_AddItemToObject(wrap, "content", lp);
+                    cJSON_AddNullToObject(wrap, "refusal");
+                    lp = wrap;
+                }
+                cJSON_AddItemToObject(ch, "logprobs", lp);
+            } else {
+                cJSON_AddNullToObject(ch, "logprobs");
+            }
+            cJSON_AddStringToObject(ch, "finish_reason", finish_reason(c->finish));
+            cJSON_AddItemToArray(choices, ch);
+        }
+        cJSON_AddItemToObject(o, "usage", usage_json(r));
+    }
+    put_json(out, o);
+    if (out->failed) {
+        sb_oai_err_set(e, 500, "server_error", NULL, NULL, "out of memory building the response");
+        return false;
+    }
+    return true;
+}
+
+/* ---- streamed chunks ------------------------------------------------------ */
+
+static void sse(sb_srv_buf *out, cJSON *item) {
+    sb_srv_buf_puts(out, "data: ");
+    put_json(out, item);
+    sb_srv_buf_puts(out, "\n\n");
+}
+
+/* A chunk with one choice; `delta_or_text` is the chat delta object or the completion text. */
+static void chunk(sb_oai_resp *r, int32_t index, cJSON *delta, const char *text, cJSON *logprobs, const char *finish,
+                  sb_srv_buf *out) {
+    bool chat = r->req->kind == SB_OAI_CHAT;
+    cJSON *o = envelope(r, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", index);
+    if (chat)
+        cJSON_AddItemToObject(ch, "delta", delta);
+    else
+        cJSON_AddStringToObject(ch, "text", text);
+    if (logprobs)
+        cJSON_AddItemToObject(ch, "logprobs", logprobs);
+    else
+        cJSON_AddNullToObject(ch, "logprobs");
+    if (finish)
+        cJSON_AddStringToObject(ch, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(ch, "finish_reason");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
+    if (r->req->include_usage)
+        cJSON_AddNullToObject(o, "usage");
+    sse(out, o);
+}
+
+static cJSON *content_delta(const char *text) {
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "content", text);
+    return d;
+}
+
+bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out) {
+    sb_oai_choice *c = &r->choices[ev->choice];
+    bool chat = r->req->kind == SB_OAI_CHAT;
+    if (chat && !c->role_sent) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "role", "assistant");
+        cJSON_AddStringToObject(d, "content", "");
+        chunk(r, ev->choice, d, NULL, NULL, NULL, out);
+        c->role_sent = true;
+    }
+    cJSON *lp = NULL;
+    if (!ev->done && r->req->logprobs) {
+        if (chat) {
+            lp = cJSON_CreateObject();
+            cJSON_AddItemToArray(cJSON_AddArrayToObject(lp, "content"), chat_logprob(r->srv, ev));
+            cJSON_AddNullToObject(lp, "refusal");
+        } else {
+            lp = completion_logprobs_new();
+            completion_logprob(r->srv, lp, ev, c->text_offset);
+        }
+    }
+    c->text_offset += ev->text_len;
+    if (ev->text_len || lp)
+        chunk(r, ev->choice, chat ? content_delta(ev->text) : NULL, ev->text, lp, NULL, out);
+    if (!ev->done)
+        return false;
+    c->done = true;
+    c->finish = ev->finish;
+    c->n_prompt = ev->n_prompt;
+    c->n_cached = ev->n_prompt_cached;
+    c->n_generated = ev->n_generated;
+    r->n_done++;
+    if (ev->finish == SB_FINISH_ERROR) {
+        sb_oai_err e;
+        sb_oai_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", ev->error ? ev->error : "unknown");
+        sb_srv_buf_puts(out, "data: ");
+        sb_oai_err_json(&e, out);
+        sb_srv_buf_puts(out, "\n\n");
+    } else {
+        chunk(r, ev->choice, chat ? cJSON_CreateObject() : NULL, "", NULL, finish_reason(ev->finish), out);
+    }
+    if (r->n_done < r->req->n_choices)
+        return false;
+    if (r->req->include_usage) {
+        cJSON *o = envelope(r, chat ? "chat.completion.chunk" : "text_completion");
+        cJSON_AddArrayToObject(o, "choices");
+        cJSON_AddItemToObject(o, "usage", usage_json(r));
+        sse(out, o);
+    }
+    sb_srv_buf_puts(out, "data: [DONE]\n\n");
+    return true;
+}
+
+/* ---- models -------------------------------------------------------------- */
+
+void sb_oai_models_json(sb_srv *srv, bool list, sb_srv_buf *out) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", srv->id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)srv->created);
+    cJSON_AddStringToObject(m, "owned_by", "switchboard");
+    if (!list) {
+        put_json(out, m);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), m);
+    put_json(out, o);
+}

@@ -1,0 +1,111 @@
+/*
+ * openai.h - the OpenAI API's request and response shapes: parsing a
+ * /v1/chat/completions, /v1/completions or /v1/embeddings body into token
+ * prompts and engine parameters, and building the JSON answers (whole, or
+ * as server-sent-event chunks) from engine events.
+ *
+ * Parsing is strict where OpenAI is: a field of the wrong type or out of
+ * range is a 400 naming it, and fields OpenAI defines but switchboard does
+ * not implement (tools, logit_bias, ...) are refused by name rather than
+ * silently ignored. Fields OpenAI does not define are ignored.
+ */
+#ifndef SB_SRV_OPENAI_H
+#define SB_SRV_OPENAI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "server/buf.h"
+
+typedef struct sb_srv sb_srv;
+typedef struct sb_srv_event sb_srv_event;
+
+typedef enum sb_oai_kind { SB_OAI_CHAT, SB_OAI_COMPLETION, SB_OAI_EMBEDDING } sb_oai_kind;
+
+#define SB_OAI_MAX_STOPS 16
+#define SB_OAI_MAX_CHOICES 128 /* n times the prompts (or embedding inputs) of one request */
+
+/* An error answer: HTTP status and the fields of {"error": {...}}. */
+typedef struct sb_oai_err {
+    unsigned status;
+    char message[600];
+    char param[128];  /* "" renders as null */
+    const char *type; /* "invalid_request_error", "server_error" */
+    const char *code; /* NULL renders as null */
+} sb_oai_err;
+
+/* Sets e to an error (message printf-style); param may be NULL. */
+void sb_oai_err_set(sb_oai_err *e, unsigned status, const char *type, const char *code, const char *param,
+                    const char *fmt, ...) SB_PRINTF(6, 7);
+/* Appends {"error": {...}} to out. */
+void sb_oai_err_json(const sb_oai_err *e, sb_srv_buf *out);
+
+/* A parsed request. Every pointer is owned (sb_malloc'd) and freed by sb_oai_req_free. */
+typedef struct sb_oai_req {
+    sb_oai_kind kind;
+    bool stream;
+    bool include_usage;    /* stream_options.include_usage */
+    int32_t n;             /* choices per prompt */
+    int32_t n_prompts;     /* prompts (completions may send several; embeddings: inputs) */
+    int32_t n_choices;     /* n * n_prompts; choice c uses prompt c / n */
+    int32_t **prompts;     /* n_prompts token lists */
+    int32_t *prompt_lens;
+    int32_t max_tokens;    /* <= 0: until the context is full */
+    sb_sampler_params sampling; /* the seed is the first choice's; choice c adds c % n */
+    char *stops[SB_OAI_MAX_STOPS];
+    size_t n_stops;
+    bool logprobs;
+    int32_t top_logprobs;
+    bool base64;           /* embeddings: encoding_format "base64" */
+} sb_oai_req;
+
+/* Parses `len` bytes of body for an endpoint of `kind`. On failure fills e
+ * (400 bad JSON or parameter, 404 unknown model) and returns false; *out is
+ * then empty (sb_oai_req_free is still allowed). */
+bool sb_oai_parse(sb_srv *srv, sb_oai_kind kind, const char *body, size_t len, sb_oai_req *out, sb_oai_err *e);
+void sb_oai_req_free(sb_oai_req *r);
+/* The engine parameters of choice c (pointers into r). */
+void sb_oai_gen_params(const sb_oai_req *r, int32_t c, sb_gen_params *out);
+
+/* One choice's results as they accumulate. */
+typedef struct sb_oai_choice {
+    sb_srv_buf text;
+    struct cJSON *logprobs; /* chat: the "content" array; completions: the logprobs object */
+    size_t text_offset;     /* completions logprobs: bytes of text so far */
+    bool done, role_sent;
+    sb_finish finish;
+    int32_t n_prompt, n_cached, n_generated;
+    float *embedding;       /* owned */
+    int32_t n_embd;
+    char *error;            /* owned; SB_FINISH_ERROR */
+} sb_oai_choice;
+
+/* The answer being built for one request. */
+typedef struct sb_oai_resp {
+    sb_srv *srv;
+    const sb_oai_req *req; /* borrowed */
+    char id[48];           /* "chatcmpl-..." / "cmpl-..." */
+    int64_t created;
+    int32_t n_done;
+    sb_oai_choice *choices; /* req->n_choices */
+} sb_oai_resp;
+
+/* Returns false if out of memory. */
+bool sb_oai_resp_init(sb_oai_resp *r, sb_srv *srv, const sb_oai_req *req);
+void sb_oai_resp_free(sb_oai_resp *r);
+
+/* Whole answers: feed every event, then render. _body returns false with e
+ * set when a choice failed in the engine (500) or memory ran out. */
+void sb_oai_resp_add(sb_oai_resp *r, sb_srv_event *ev); /* takes ev's embedding and error */
+bool sb_oai_resp_body(sb_oai_resp *r, sb_srv_buf *out, sb_oai_err *e);
+
+/* Streaming: appends the SSE lines ("data: {...}\n\n") one event makes to
+ * out; after the last choice's DONE, the usage chunk (if asked for) and
+ * "data: [DONE]\n\n". Returns true once that end has been appended. */
+bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out);
+
+/* Bodies of GET /v1/models and GET /v1/models/{id}. */
+void sb_oai_models_json(sb_srv *srv, bool list, sb_srv_buf *out);
+
+#endif

@@ -1,0 +1,88 @@
+/*
+ * sse.c - the streaming response generator (see sse.h).
+ */
+#include <string.h>
+
+#include <microhttpd.h>
+
+#include "base/base.h"
+#include "server/sse.h"
+
+/* libmicrohttpd's buffer for one content-reader call. */
+#define SSE_BLOCK_SIZE (16 * 1024)
+
+typedef struct sse_stream {
+    sb_oai_req req;
+    sb_srv_gen *gen;
+    sb_oai_resp resp;
+    sb_srv_buf out; /* rendered events not yet handed to libmicrohttpd */
+    size_t off;     /* of out, already handed */
+    bool ended;     /* "data: [DONE]" is in out */
+} sse_stream;
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    sse_stream *s = cls;
+    for (;;) {
+        if (s->off < s->out.len) {
+            size_t n = SB_MIN(max, s->out.len - s->off);
+            memcpy(buf, s->out.p + s->off, n);
+            s->off += n;
+            return (ssize_t)n;
+        }
+        if (s->ended)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        sb_srv_buf_clear(&s->out);
+        s->off = 0;
+        bool gone;
+        sb_srv_event *evs = sb_srv_gen_next(s->gen, &gone);
+        if (gone)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (!evs) { /* every choice finished but a DONE event was lost to an allocation failure */
+            sb_srv_buf_puts(&s->out, "data: [DONE]\n\n");
+            s->ended = true;
+        }
+        for (sb_srv_event *ev = evs; ev; ev = ev->next)
+            if (sb_oai_resp_chunk(&s->resp, ev, &s->out))
+                s->ended = true;
+        sb_srv_events_free(evs);
+        if (s->out.failed) {
+            sb_srv_gen_cancel(s->gen);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+static void sse_free(void *cls) {
+    sse_stream *s = cls;
+    if (!s->ended) /* the connection ended early: nobody wants the rest */
+        sb_srv_gen_cancel(s->gen);
+    sb_srv_gen_release(s->gen);
+    sb_oai_resp_free(&s->resp);
+    sb_oai_req_free(&s->req);
+    sb_srv_buf_free(&s->out);
+    sb_free(s);
+}
+
+struct MHD_Response *sb_srv_sse_response(sb_srv *srv, sb_oai_req *req, sb_srv_gen *gen) {
+    sse_stream *s = sb_calloc(1, sizeof *s);
+    if (!s) {
+        sb_srv_gen_cancel(gen);
+        sb_srv_gen_release(gen);
+        sb_oai_req_free(req);
+        return NULL;
+    }
+    s->req = *req;
+    memset(req, 0, sizeof *req);
+    s->gen = gen;
+    struct MHD_Response *r = NULL;
+    if (sb_oai_resp_init(&s->resp, srv, &s->req))
+        r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, SSE_BLOCK_SIZE, sse_read, s, sse_free);
+    if (!r) {
+        sse_free(s);
+        return NULL;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    return r;
+}
