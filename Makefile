@@ -1,4 +1,6 @@
 # Thin wrapper over CMake: the commands a newcomer types.
+#   make serve  - install dependencies, build, generate the demo model and serve it with the
+#                 OpenAI-compatible API on http://127.0.0.1:8080 (MODEL=path.gguf for a real one)
 #   make run    - install dependencies, build, generate the demo model, generate text
 #   make test   - build and run the whole suite, then the unit tests under ASan+UBSan
 
@@ -7,8 +9,11 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 DEMO_MODEL ?= demo/demo-q8_0.gguf
 PROMPT ?= Once upon a time
+MODEL ?= $(DEMO_MODEL)
+HOST ?= 127.0.0.1
+PORT ?= 8080
 
-.PHONY: all deps test-deps build asan run test demo clean
+.PHONY: all deps test-deps build asan run serve test demo clean
 
 all: build
 
@@ -36,9 +41,12 @@ demo: build $(DEMO_MODEL)
 run: demo
 	$(BUILD)/switchboard run -m $(DEMO_MODEL) -p "$(PROMPT)" -n 64 --temp 0.8 --seed 1
 
+serve: demo
+	$(BUILD)/switchboard serve -m $(MODEL) --host $(HOST) --port $(PORT)
+
 test: test-deps build asan
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -L unit
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -L 'unit|server'
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) demo

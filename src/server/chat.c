@@ -1,48 +1,70 @@
 /*
- * chat.c - chat prompt rendering (see chat.h): ChatML,
- *   <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n
- * the format most instruction-tuned GGUF files use and the fallback for files
- * that carry no template.
+ * chat.c - chat prompt rendering (see chat.h) on the template module: the
+ * model file's tokenizer.chat_template, parsed once, or the built-in ChatML
+ * template when the file has none or one this engine cannot parse.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "base/base.h"
-#include "server/buf.h"
+#include "model/model.h"
 #include "server/chat.h"
+#include "template/template.h"
 
 struct sb_srv_chat {
-    const sb_model_t *model;
+    sb_tpl *tpl;
+    const char *bos, *eos; /* token texts (owned by the model), or NULL */
+    char what[256];        /* for sb_srv_chat_describe */
 };
 
 sb_status sb_srv_chat_create(const sb_model_t *model, sb_srv_chat **out, sb_error *err) {
-    *out = sb_calloc(1, sizeof **out);
-    if (!*out)
+    sb_srv_chat *c = sb_calloc(1, sizeof *c);
+    if (!(*out = c))
         return sb_fail(err, SB_ERR_NOMEM, "chat template: out of memory");
-    (*out)->model = model;
-    return SB_OK;
+    int32_t bos = sb_model_token_bos(model), eos = sb_model_token_eos(model);
+    c->bos = bos >= 0 ? sb_token_text(model, bos) : NULL;
+    c->eos = eos >= 0 ? sb_token_text(model, eos) : NULL;
+    sb_gguf_str src;
+    sb_error tpl_err;
+    if (sb_gguf_get_str(model->gguf, "tokenizer.chat_template", &src, NULL) == SB_OK) {
+        if (sb_tpl_parse(src.ptr, (size_t)src.len, &c->tpl, &tpl_err) == SB_OK) {
+            snprintf(c->what, sizeof c->what, "the model's chat template");
+            return SB_OK;
+        }
+        snprintf(c->what, sizeof c->what, "built-in ChatML: the model's template is not usable (%.180s)", tpl_err.msg);
+    } else {
+        snprintf(c->what, sizeof c->what, "built-in ChatML: the model has no chat template");
+    }
+    const char *chatml = sb_tpl_builtin_source("chatml");
+    sb_status st = sb_tpl_parse(chatml, strlen(chatml), &c->tpl, err);
+    if (st != SB_OK) {
+        sb_srv_chat_free(c);
+        *out = NULL;
+    }
+    return st;
 }
 
-void sb_srv_chat_free(sb_srv_chat *chat) { sb_free(chat); }
+void sb_srv_chat_free(sb_srv_chat *chat) {
+    if (!chat)
+        return;
+    sb_tpl_free(chat->tpl);
+    sb_free(chat);
+}
 
-const char *sb_srv_chat_describe(const sb_srv_chat *chat) { return "ChatML (built in)"; }
+const char *sb_srv_chat_describe(const sb_srv_chat *chat) { return chat->what; }
 
 sb_status sb_srv_chat_render(const sb_srv_chat *chat, const cJSON *messages, char **out, size_t *len,
                              sb_error *err) {
-    sb_srv_buf b = {0};
-    const cJSON *m;
-    cJSON_ArrayForEach(m, messages) {
-        sb_srv_buf_puts(&b, "<|im_start|>");
-        sb_srv_buf_puts(&b, cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring);
-        sb_srv_buf_puts(&b, "\n");
-        sb_srv_buf_puts(&b, cJSON_GetObjectItemCaseSensitive(m, "content")->valuestring);
-        sb_srv_buf_puts(&b, "<|im_end|>\n");
-    }
-    sb_srv_buf_puts(&b, "<|im_start|>assistant\n");
-    if (b.failed) {
-        sb_srv_buf_free(&b);
+    char *json = cJSON_PrintUnformatted(messages);
+    if (!json)
         return sb_fail(err, SB_ERR_NOMEM, "chat prompt: out of memory");
-    }
-    *out = b.p;
-    *len = b.len;
-    return SB_OK;
+    sb_tpl_chat c = {
+        .messages_json = json,
+        .add_generation_prompt = true,
+        .bos_token = chat->bos,
+        .eos_token = chat->eos,
+    };
+    sb_status st = sb_tpl_render_chat(chat->tpl, &c, out, len, err);
+    cJSON_free(json);
+    return st;
 }

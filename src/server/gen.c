@@ -107,8 +107,7 @@ static void on_event(void *user, const sb_gen_event *ev) {
             sb_srv_metrics_itl(&g->srv->metrics, t - s->last_token_s);
         s->last_token_s = t;
     } else {
-        sb_srv_metrics_generation(&g->srv->metrics, ev->n_prompt, ev->n_prompt_cached, ev->n_generated,
-                                  ev->ttft_s);
+        sb_srv_metrics_generation(&g->srv->metrics, ev->n_prompt, ev->n_generated, ev->ttft_s);
     }
 
     pthread_mutex_lock(&g->mu);
@@ -129,7 +128,7 @@ static void on_event(void *user, const sb_gen_event *ev) {
         sb_srv_gen_release(g);
 }
 
-static void cancel_slots(sb_srv_gen *g) {
+void sb_srv_gen_cancel(sb_srv_gen *g) {
     pthread_rwlock_rdlock(&g->srv->engine_lock);
     if (g->srv->engine)
         for (int32_t i = 0; i < g->n_slots; i++)
@@ -137,8 +136,6 @@ static void cancel_slots(sb_srv_gen *g) {
                 sb_engine_cancel(g->srv->engine, g->slots[i].id);
     pthread_rwlock_unlock(&g->srv->engine_lock);
 }
-
-void sb_srv_gen_cancel(sb_srv_gen *g) { cancel_slots(g); }
 
 sb_status sb_srv_gen_submit(sb_srv *srv, const sb_oai_req *req, int client_fd, sb_srv_gen **out, sb_error *err) {
     *out = NULL;
@@ -188,7 +185,7 @@ sb_status sb_srv_gen_submit(sb_srv *srv, const sb_oai_req *req, int client_fd, s
     }
     pthread_rwlock_unlock(&srv->engine_lock);
     if (st != SB_OK) {
-        cancel_slots(g);
+        sb_srv_gen_cancel(g);
         sb_srv_gen_release(g);
         return st;
     }
@@ -219,7 +216,7 @@ sb_srv_event *sb_srv_gen_next(sb_srv_gen *g, bool *gone) {
         if (now.tv_sec > next_check.tv_sec || (now.tv_sec == next_check.tv_sec && now.tv_nsec >= next_check.tv_nsec)) {
             pthread_mutex_unlock(&g->mu);
             if (client_gone(g->client_fd)) {
-                cancel_slots(g);
+                sb_srv_gen_cancel(g);
                 *gone = true;
                 return NULL;
             }

@@ -56,11 +56,9 @@ static void observe(sb_srv_hist *h, const double *bounds, int n_bounds, double v
     h->count++;
 }
 
-void sb_srv_metrics_generation(sb_srv_metrics *m, int32_t n_prompt, int32_t n_cached, int32_t n_generated,
-                               double ttft_s) {
+void sb_srv_metrics_generation(sb_srv_metrics *m, int32_t n_prompt, int32_t n_generated, double ttft_s) {
     pthread_mutex_lock(&m->mu);
     m->prompt_tokens += (uint64_t)SB_MAX(n_prompt, 0);
-    m->cached_tokens += (uint64_t)SB_MAX(n_cached, 0);
     m->generated_tokens += (uint64_t)SB_MAX(n_generated, 0);
     if (ttft_s > 0)
         observe(&m->ttft, ttft_bounds, SB_SRV_TTFT_BUCKETS - 1, ttft_s);
@@ -116,8 +114,6 @@ void sb_srv_metrics_render(sb_srv_metrics *m, const sb_engine_stats *stats, sb_s
                  "Prompt tokens of finished requests (usage.prompt_tokens).", (double)snap.prompt_tokens);
     render_value(out, "switchboard_generation_tokens_total", "counter",
                  "Generated tokens of finished requests (usage.completion_tokens).", (double)snap.generated_tokens);
-    render_value(out, "switchboard_request_prompt_tokens_cached_total", "counter",
-                 "Prompt tokens of finished requests served from the prefix cache.", (double)snap.cached_tokens);
     render_hist(out, "switchboard_time_to_first_token_seconds", "Time from submission to the first token.",
                 &snap.ttft, ttft_bounds, SB_SRV_TTFT_BUCKETS - 1);
     render_hist(out, "switchboard_inter_token_latency_seconds", "Time between consecutive tokens of a sequence.",

@@ -42,7 +42,7 @@ typedef struct sb_srv_hist {
 typedef struct sb_srv_metrics {
     pthread_mutex_t mu;
     uint64_t requests[SB_SRV_EP_COUNT][SB_SRV_N_STATUS];
-    uint64_t prompt_tokens, generated_tokens, cached_tokens; /* as reported to clients in usage */
+    uint64_t prompt_tokens, generated_tokens; /* as reported to clients in usage */
     sb_srv_hist ttft, itl;
 } sb_srv_metrics;
 
@@ -52,8 +52,7 @@ void sb_srv_metrics_destroy(sb_srv_metrics *m);
 /* Counts one answered request. */
 void sb_srv_metrics_request(sb_srv_metrics *m, sb_srv_endpoint ep, unsigned status);
 /* Counts one finished generation (or embedding): usage and time to first token. */
-void sb_srv_metrics_generation(sb_srv_metrics *m, int32_t n_prompt, int32_t n_cached, int32_t n_generated,
-                               double ttft_s);
+void sb_srv_metrics_generation(sb_srv_metrics *m, int32_t n_prompt, int32_t n_generated, double ttft_s);
 /* Records the gap between two consecutive tokens of one sequence. */
 void sb_srv_metrics_itl(sb_srv_metrics *m, double seconds);
 

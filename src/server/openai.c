@@ -466,7 +466,7 @@ static bool parse_generation(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_o
         !get_int(root, "top_k", 0, 1 << 30, &top_k, NULL, e) || !get_int(root, "n", 1, SB_OAI_MAX_CHOICES, &n, NULL, e) ||
         !get_int(root, "max_tokens", 1, 1 << 30, &max_tokens, &max_given, e) ||
         !get_int(root, "max_completion_tokens", 1, 1 << 30, &max_completion, &max_given, e) ||
-        !get_int(root, "seed", -9.3e18, 1.8e19, &seed, &seed_given, e) || !get_bool(root, "stream", &r->stream, e) ||
+        !get_int(root, "seed", -9.2e18, 9.2e18, &seed, &seed_given, e) || !get_bool(root, "stream", &r->stream, e) ||
         !check_string(root, "user", e) || !parse_stop(root, r, e))
         return false;
     if (max_given) /* max_completion_tokens, the newer name, wins over max_tokens */
@@ -596,8 +596,13 @@ bool sb_oai_parse(sb_srv *srv, sb_oai_kind kind, const char *body, size_t len, s
                 at);
         return false;
     }
+    while (end < body + len && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n'))
+        end++;
     bool ok;
-    if (!cJSON_IsObject(root))
+    if (end != body + len)
+        ok = invalid(e, NULL, "invalid_json", "the request body has more after its JSON value (at byte %zu)",
+                     (size_t)(end - body));
+    else if (!cJSON_IsObject(root))
         ok = invalid(e, NULL, "invalid_json", "the request body must be a JSON object, got %s", type_name(root));
     else if (kind == SB_OAI_CHAT)
         ok = parse_chat(srv, root, out, e);
@@ -840,6 +845,10 @@ static cJSON *embeddings_body(const sb_oai_resp *r) {
 bool sb_oai_resp_body(sb_oai_resp *r, sb_srv_buf *out, sb_oai_err *e) {
     for (int32_t i = 0; i < r->req->n_choices; i++) {
         const sb_oai_choice *c = &r->choices[i];
+        if (c->finish == SB_FINISH_CANCELLED) { /* nobody else cancels a waiting request: the server stops */
+            sb_oai_err_set(e, 503, "server_error", "server_stopping", NULL, "the server is stopping");
+            return false;
+        }
         if (c->finish == SB_FINISH_ERROR || !c->done || c->text.failed ||
             (r->req->kind == SB_OAI_EMBEDDING && !c->embedding)) {
             sb_oai_err_set(e, 500, "server_error", NULL, NULL, "generation failed: %s",
@@ -900,7 +909,7 @@ static void sse(sb_srv_buf *out, cJSON *item) {
     sb_srv_buf_puts(out, "\n\n");
 }
 
-/* A chunk with one choice; `delta_or_text` is the chat delta object or the completion text. */
+/* Appends a chunk with one choice: for chat the `delta` object (taken), for completions `text`. */
 static void chunk(sb_oai_resp *r, int32_t index, cJSON *delta, const char *text, cJSON *logprobs, const char *finish,
                   sb_srv_buf *out) {
     bool chat = r->req->kind == SB_OAI_CHAT;
@@ -931,16 +940,18 @@ static cJSON *content_delta(const char *text) {
     return d;
 }
 
-bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out) {
-    sb_oai_choice *c = &r->choices[ev->choice];
-    bool chat = r->req->kind == SB_OAI_CHAT;
-    if (chat && !c->role_sent) {
+void sb_oai_resp_start(sb_oai_resp *r, sb_srv_buf *out) {
+    for (int32_t i = 0; r->req->kind == SB_OAI_CHAT && i < r->req->n_choices; i++) {
         cJSON *d = cJSON_CreateObject();
         cJSON_AddStringToObject(d, "role", "assistant");
         cJSON_AddStringToObject(d, "content", "");
-        chunk(r, ev->choice, d, NULL, NULL, NULL, out);
-        c->role_sent = true;
+        chunk(r, i, d, NULL, NULL, NULL, out);
     }
+}
+
+bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out) {
+    sb_oai_choice *c = &r->choices[ev->choice];
+    bool chat = r->req->kind == SB_OAI_CHAT;
     cJSON *lp = NULL;
     if (!ev->done && r->req->logprobs) {
         if (chat) {
@@ -963,9 +974,13 @@ bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out) 
     c->n_cached = ev->n_prompt_cached;
     c->n_generated = ev->n_generated;
     r->n_done++;
-    if (ev->finish == SB_FINISH_ERROR) {
+    if (ev->finish == SB_FINISH_ERROR || ev->finish == SB_FINISH_CANCELLED) {
         sb_oai_err e;
-        sb_oai_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", ev->error ? ev->error : "unknown");
+        if (ev->finish == SB_FINISH_CANCELLED) /* only the server stopping cancels a stream that still has its client */
+            sb_oai_err_set(&e, 503, "server_error", "server_stopping", NULL, "the server is stopping");
+        else
+            sb_oai_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                           ev->error ? ev->error : "unknown");
         sb_srv_buf_puts(out, "data: ");
         sb_oai_err_json(&e, out);
         sb_srv_buf_puts(out, "\n\n");

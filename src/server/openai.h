@@ -73,7 +73,7 @@ typedef struct sb_oai_choice {
     sb_srv_buf text;
     struct cJSON *logprobs; /* chat: the "content" array; completions: the logprobs object */
     size_t text_offset;     /* completions logprobs: bytes of text so far */
-    bool done, role_sent;
+    bool done;
     sb_finish finish;
     int32_t n_prompt, n_cached, n_generated;
     float *embedding;       /* owned */
@@ -100,9 +100,11 @@ void sb_oai_resp_free(sb_oai_resp *r);
 void sb_oai_resp_add(sb_oai_resp *r, sb_srv_event *ev); /* takes ev's embedding and error */
 bool sb_oai_resp_body(sb_oai_resp *r, sb_srv_buf *out, sb_oai_err *e);
 
-/* Streaming: appends the SSE lines ("data: {...}\n\n") one event makes to
+/* Streaming: _start appends what can be sent before any token (the chat
+ * role chunks); _chunk appends the SSE lines ("data: {...}\n\n") one event makes to
  * out; after the last choice's DONE, the usage chunk (if asked for) and
  * "data: [DONE]\n\n". Returns true once that end has been appended. */
+void sb_oai_resp_start(sb_oai_resp *r, sb_srv_buf *out);
 bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out);
 
 /* Bodies of GET /v1/models and GET /v1/models/{id}. */

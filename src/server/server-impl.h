@@ -23,7 +23,7 @@
 struct MHD_Daemon;
 
 struct sb_srv {
-    sb_srv_params p;      /* model_path and host borrowed; model_id points at id */
+    sb_srv_params p;      /* as given (strings borrowed); host defaulted */
     char *id;             /* the model's public name (owned) */
     struct MHD_Daemon *daemon;
     uint16_t port;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +30,10 @@
 #include "server/openai.h"
 #include "server/server-impl.h"
 #include "server/sse.h"
+
+/* Oversized bodies are read and dropped up to this much past max_body so the
+ * client, still sending, can read its 413; beyond it the connection closes. */
+#define DRAIN_LIMIT ((uint64_t)64 << 20)
 
 /* ---- utilities ------------------------------------------------------------ */
 
@@ -68,7 +73,8 @@ typedef struct http_req {
     sb_srv_endpoint ep;
     bool method_ok;
     bool answered;       /* a response was queued */
-    bool too_large;      /* the body passed max_body; what came was dropped */
+    bool too_large;      /* the body passes max_body: what comes is dropped, then 413 */
+    uint64_t received;   /* body bytes so far */
     sb_srv_buf body;
     double t_start;
 } http_req;
@@ -288,10 +294,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         q->ep = q->route ? q->route->ep : SB_SRV_EP_OTHER;
         q->method_ok = q->route && strcmp(method, q->route->method) == 0;
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > srv->p.max_body) {
+        const char *expect = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
+        if (declared > srv->p.max_body) {
+            /* A client waiting for "100 Continue", or one announcing more than
+             * we would drain, is answered now; any other is already sending,
+             * and closing on it would lose the answer in a reset: its body is
+             * discarded as it comes and the 413 follows. */
+            q->too_large = true;
+            if (!(expect && strcasecmp(expect, "100-continue") == 0) && declared <= srv->p.max_body + DRAIN_LIMIT)
+                return MHD_YES;
             sb_oai_err e;
             sb_oai_err_set(&e, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", "request_too_large", NULL,
-                           "the request body is %.30s bytes; this server accepts at most %zu (--max-body)", cl,
+                           "the request body is %llu bytes; this server accepts at most %zu (--max-body)", declared,
                            srv->p.max_body);
             return respond_error(srv, conn, q, method, url, &e);
         }
@@ -300,8 +315,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (q->answered) /* answered early (413): ignore whatever still arrives */
         return MHD_YES;
     if (*upload_size) {
-        if (!q->too_large && q->body.len + *upload_size > srv->p.max_body) {
-            q->too_large = true; /* a chunked body passed the limit: stop keeping it */
+        q->received += *upload_size;
+        if (q->received > srv->p.max_body + DRAIN_LIMIT)
+            return MHD_NO; /* a body without end: close the connection */
+        if (!q->too_large && q->received > srv->p.max_body) {
+            q->too_large = true; /* the body passed the limit: stop keeping it */
             sb_srv_buf_free(&q->body);
         }
         if (!q->too_large) {

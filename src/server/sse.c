@@ -75,8 +75,11 @@ struct MHD_Response *sb_srv_sse_response(sb_srv *srv, sb_oai_req *req, sb_srv_ge
     memset(req, 0, sizeof *req);
     s->gen = gen;
     struct MHD_Response *r = NULL;
-    if (sb_oai_resp_init(&s->resp, srv, &s->req))
-        r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, SSE_BLOCK_SIZE, sse_read, s, sse_free);
+    if (sb_oai_resp_init(&s->resp, srv, &s->req)) {
+        sb_oai_resp_start(&s->resp, &s->out); /* the headers and these go out before the first token */
+        if (!s->out.failed)
+            r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, SSE_BLOCK_SIZE, sse_read, s, sse_free);
+    }
     if (!r) {
         sse_free(s);
         return NULL;

@@ -69,7 +69,11 @@ sb_status sb_tpl_invoke(sb_tpl_interp *it, const sb_tpl_node *at, const sb_tpl_f
                                    args->kw_names[k]);
         }
     }
-    return def->fn(it, at, self, args, out);
+    uint64_t steps = 1 + sb_tpl_size_steps(self);
+    for (size_t i = 0; i < args->n_pos; i++)
+        steps += sb_tpl_size_steps(args->pos[i]);
+    sb_status st = sb_tpl_charge(it, at, steps);
+    return st ? st : def->fn(it, at, self, args, out);
 }
 
 static sb_status need_str(sb_tpl_interp *it, const sb_tpl_node *at, sb_tpl_val v, const char *what) {
@@ -167,37 +171,82 @@ static sb_status strip(const sb_tpl_str *s, const sb_tpl_str *chars, bool left, 
     return new_str(s->data + a, b - a, out);
 }
 
-static char ascii_upper(char c) { return c >= 'a' && c <= 'z' ? (char)(c - 32) : c; }
-static char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? (char)(c + 32) : c; }
-static bool is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (unsigned char)c >= 0x80; }
+/* Simple case mapping of one code point: ASCII, Latin-1, Latin Extended-A,
+ * Greek and Cyrillic (not Unicode's full tables: no special casing). */
+static uint32_t case_map(uint32_t c, bool upper) {
+    if (upper) {
+        if ((c >= 'a' && c <= 'z') || (c >= 0xe0 && c <= 0xfe && c != 0xf7) || (c >= 0x3b1 && c <= 0x3c9 && c != 0x3c2) ||
+            (c >= 0x430 && c <= 0x44f))
+            return c - 32;
+        if (c == 0x3c2)
+            return 0x3a3;
+        if (c == 0xff)
+            return 0x178;
+        if (c >= 0x450 && c <= 0x45f)
+            return c - 80;
+        if (((c >= 0x100 && c <= 0x137) || (c >= 0x14a && c <= 0x177)) && (c & 1))
+            return c - 1;
+        if (((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e)) && !(c & 1))
+            return c - 1;
+        return c;
+    }
+    if ((c >= 'A' && c <= 'Z') || (c >= 0xc0 && c <= 0xde && c != 0xd7) || (c >= 0x391 && c <= 0x3a9 && c != 0x3a2) ||
+        (c >= 0x410 && c <= 0x42f))
+        return c + 32;
+    if (c == 0x178)
+        return 0xff;
+    if (c >= 0x400 && c <= 0x40f)
+        return c + 80;
+    if (((c >= 0x100 && c <= 0x137) || (c >= 0x14a && c <= 0x177)) && !(c & 1))
+        return c + 1;
+    if (((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e)) && (c & 1))
+        return c + 1;
+    return c;
+}
 
-typedef enum casing { UPPER, LOWER, TITLE, CAPITALIZE } casing;
+static bool is_cased(uint32_t c) { return case_map(c, true) != c || case_map(c, false) != c; }
+
+typedef enum casing {
+    UPPER,
+    LOWER,
+    TITLE,       /* Python str.title(): a letter after an uncased character starts a word */
+    JINJA_TITLE, /* Jinja's |title: words start after -, whitespace, ( { [ < */
+    CAPITALIZE,
+} casing;
 
 static sb_status change_case(const sb_tpl_str *s, casing how, sb_tpl_val *out) {
-    sb_status st = new_str(s->data, s->len, out);
-    if (st)
-        return st;
-    char *d = out->s->data;
-    bool prev_alpha = false;
-    for (size_t i = 0; i < s->len; i++) {
-        char c = d[i];
+    sb_tpl_buf b = {0};
+    sb_status st = SB_OK;
+    bool word_start = true;
+    for (size_t pos = 0; pos < s->len && !st;) {
+        uint32_t c = sb_tpl_utf8_next(s->data, s->len, &pos), m;
         switch (how) {
         case UPPER:
-            d[i] = ascii_upper(c);
+            m = case_map(c, true);
             break;
         case LOWER:
-            d[i] = ascii_lower(c);
-            break;
-        case TITLE:
-            d[i] = prev_alpha ? ascii_lower(c) : ascii_upper(c);
+            m = case_map(c, false);
             break;
         case CAPITALIZE:
-            d[i] = i == 0 ? ascii_upper(c) : ascii_lower(c);
+            m = case_map(c, word_start);
+            word_start = false;
+            break;
+        case TITLE:
+            m = case_map(c, word_start);
+            word_start = !is_cased(c);
+            break;
+        default:
+            m = case_map(c, word_start);
+            word_start = sb_tpl_is_space(c) || (c < 0x80 && strchr("-({[<", (int)c));
             break;
         }
-        prev_alpha = is_alpha(c) || (((unsigned char)c & 0xc0) == 0x80);
+        char enc[4];
+        if (how == UPPER && c == 0xdf) /* sharp s has no single upper case */
+            st = sb_tpl_buf_put(&b, "SS", 2);
+        else
+            st = sb_tpl_buf_put(&b, enc, sb_tpl_utf8_put(m, enc));
     }
-    return SB_OK;
+    return take_buf(&b, st, out);
 }
 
 /* str(v) as a borrowed-or-new string in *out (a new reference either way). */
@@ -351,7 +400,7 @@ static sb_status case_filter(sb_tpl_val self, casing how, sb_tpl_val *out) {
 }
 FN(f_upper) { return case_filter(self, UPPER, out); }
 FN(f_lower) { return case_filter(self, LOWER, out); }
-FN(f_title) { return case_filter(self, TITLE, out); }
+FN(f_title) { return case_filter(self, JINJA_TITLE, out); }
 FN(f_capitalize) { return case_filter(self, CAPITALIZE, out); }
 
 FN(f_default) {

@@ -83,7 +83,7 @@ static sb_status set_json(sb_tpl_val vars, const char *key, const char *json, sb
     sb_status st = sb_tpl_json_parse(json, strlen(json), key, &v, err);
     if (st)
         return st;
-    if (v.kind != want) {
+    if (v.kind != want && !(want == SB_TPL_LIST && v.kind == SB_TPL_NONE && strcmp(key, "tools") == 0)) {
         sb_tpl_release(v);
         return sb_fail(err, SB_ERR_INVALID_ARG, "%s: expected a JSON %s", key, want == SB_TPL_LIST ? "array" : "object");
     }

@@ -74,6 +74,20 @@ sb_status sb_tpl_charge(sb_tpl_interp *it, const sb_tpl_node *at, uint64_t n) {
     return SB_OK;
 }
 
+uint64_t sb_tpl_size_steps(sb_tpl_val v) {
+    switch (v.kind) {
+    case SB_TPL_STR:
+        return v.s->len / 64;
+    case SB_TPL_LIST:
+        return v.l->n / 8;
+    case SB_TPL_DICT:
+    case SB_TPL_NAMESPACE:
+        return v.d->n / 8;
+    default:
+        return 0;
+    }
+}
+
 /* ---- scopes ------------------------------------------------------------------------ */
 
 static void scope_unref(sb_tpl_scope *s) {
@@ -311,7 +325,7 @@ static sb_status getitem(sb_tpl_interp *it, const sb_tpl_node *at, sb_tpl_val ob
 
 static bool numeric(sb_tpl_val v) { return v.kind == SB_TPL_INT || v.kind == SB_TPL_BOOL || v.kind == SB_TPL_FLOAT; }
 static double to_double(sb_tpl_val v) { return v.kind == SB_TPL_FLOAT ? v.f : v.kind == SB_TPL_INT ? (double)v.i : v.b; }
-static int64_t to_int(sb_tpl_val v) { return v.kind == SB_TPL_INT ? v.i : v.b; }
+static int64_t to_int(sb_tpl_val v) { return v.kind == SB_TPL_INT ? v.i : v.kind == SB_TPL_BOOL ? v.b : 0; }
 
 static sb_status type_error(sb_tpl_interp *it, const sb_tpl_node *at, const char *op, sb_tpl_val a, sb_tpl_val b) {
     return sb_tpl_fail(it, at, SB_ERR_INVALID_ARG, "unsupported operand type(s) for %s: '%s' and '%s'", op,
@@ -416,7 +430,7 @@ static sb_status binop(sb_tpl_interp *it, const sb_tpl_node *at, const char *op,
         if (!st)
             st = sb_tpl_buf_take(&buf, out);
         sb_tpl_buf_free(&buf);
-        return st ? st : sb_tpl_charge(it, at, out->s->len / 1024);
+        return st;
     }
     if (c == '+' && a.kind == SB_TPL_LIST && b.kind == SB_TPL_LIST && a.l->tuple == b.l->tuple) {
         sb_status st = sb_tpl_list_new(a.l->n + b.l->n, a.l->tuple, out);
@@ -590,7 +604,8 @@ static sb_status call_macro(sb_tpl_interp *it, const sb_tpl_node *at, struct sb_
     return st;
 }
 
-sb_status sb_tpl_call(sb_tpl_interp *it, const sb_tpl_node *at, sb_tpl_val fn, const sb_tpl_args *args,
+/* Calls a callable value with args. */
+static sb_status call(sb_tpl_interp *it, const sb_tpl_node *at, sb_tpl_val fn, const sb_tpl_args *args,
                       sb_tpl_val *out) {
     *out = sb_tpl_none();
     if (fn.kind == SB_TPL_UNDEFINED)
@@ -619,7 +634,7 @@ static sb_status eval_call(sb_tpl_interp *it, const sb_tpl_node *n, sb_tpl_val c
             args.kw_names[args.n_kw] = "caller";
             args.kw[args.n_kw++] = sb_tpl_retain(caller);
         }
-        st = sb_tpl_call(it, n, fn, &args, out);
+        st = call(it, n, fn, &args, out);
         args_free(&args);
     }
     sb_tpl_release(fn);
@@ -774,7 +789,7 @@ static sb_status eval_inner(sb_tpl_interp *it, const sb_tpl_node *n, sb_tpl_val 
         if (!st)
             st = sb_tpl_buf_take(&buf, out);
         sb_tpl_buf_free(&buf);
-        return st ? st : sb_tpl_charge(it, n, out->s->len / 1024);
+        return st;
     }
     case SB_TPL_N_AND:
     case SB_TPL_N_OR:
@@ -823,6 +838,8 @@ static sb_status eval(sb_tpl_interp *it, const sb_tpl_node *n, sb_tpl_val *out) 
     sb_status st = sb_tpl_charge(it, n, 1);
     if (!st)
         st = eval_inner(it, n, out);
+    if (!st) /* work in proportion to the size of what was built or read */
+        st = sb_tpl_charge(it, n, sb_tpl_size_steps(*out));
     if (st) {
         sb_tpl_release(*out);
         *out = sb_tpl_none();
@@ -833,7 +850,9 @@ static sb_status eval(sb_tpl_interp *it, const sb_tpl_node *n, sb_tpl_val *out) 
 /* ---- statements ------------------------------------------------------------------------ */
 
 static sb_status write_value(sb_tpl_interp *it, const sb_tpl_node *at, sb_tpl_val v) {
-    sb_status st = sb_tpl_write_str(it->out, v);
+    sb_status st = sb_tpl_charge(it, at, sb_tpl_size_steps(v));
+    if (!st)
+        st = sb_tpl_write_str(it->out, v);
     if (st == SB_ERR_UNSUPPORTED)
         return sb_tpl_fail(it, at, st, "output exceeds %zu bytes", (size_t)SB_TPL_MAX_BYTES);
     return st;
@@ -897,28 +916,26 @@ static sb_status assign(sb_tpl_interp *it, const sb_tpl_node *target, sb_tpl_val
     return st;
 }
 
-/* The `loop` variable of iteration i of n items. */
-static sb_status loop_var(const sb_tpl_list *items, size_t i, sb_tpl_val *out) {
+/* Names of the fields of `loop`, made once per for statement. */
+static const char *const loop_fields[] = {"index", "index0", "revindex", "revindex0", "first", "last",
+                                          "length", "depth", "depth0", "previtem", "nextitem"};
+#define N_LOOP_FIELDS (sizeof(loop_fields) / sizeof(loop_fields[0]))
+
+/* The `loop` variable of iteration i of n items (keys: strings of loop_fields). */
+static sb_status loop_var(const sb_tpl_list *items, size_t i, const sb_tpl_val *keys, sb_tpl_val *out) {
     size_t n = items->n;
-    struct {
-        const char *key;
-        sb_tpl_val val;
-    } fields[] = {
-        {"index", sb_tpl_int((int64_t)i + 1)},     {"index0", sb_tpl_int((int64_t)i)},
-        {"revindex", sb_tpl_int((int64_t)(n - i))}, {"revindex0", sb_tpl_int((int64_t)(n - i - 1))},
-        {"first", sb_tpl_bool(i == 0)},            {"last", sb_tpl_bool(i + 1 == n)},
-        {"length", sb_tpl_int((int64_t)n)},        {"depth", sb_tpl_int(1)},
-        {"depth0", sb_tpl_int(0)},                 {"previtem", i > 0 ? items->items[i - 1] : sb_tpl_undef()},
-        {"nextitem", i + 1 < n ? items->items[i + 1] : sb_tpl_undef()},
+    sb_tpl_val vals[N_LOOP_FIELDS] = {
+        sb_tpl_int((int64_t)i + 1),     sb_tpl_int((int64_t)i),
+        sb_tpl_int((int64_t)(n - i)),   sb_tpl_int((int64_t)(n - i - 1)),
+        sb_tpl_bool(i == 0),            sb_tpl_bool(i + 1 == n),
+        sb_tpl_int((int64_t)n),         sb_tpl_int(1),
+        sb_tpl_int(0),                  i > 0 ? items->items[i - 1] : sb_tpl_undef(),
+        i + 1 < n ? items->items[i + 1] : sb_tpl_undef(),
     };
-    sb_status st = sb_tpl_dict_new(SB_TPL_DICT, out);
-    for (size_t k = 0; k < SB_ARRAY_LEN(fields) && !st; k++) {
-        if (fields[k].val.kind == SB_TPL_UNDEFINED)
-            continue; /* absent key: loop.previtem is undefined on the first pass */
-        sb_tpl_val key;
-        if (!(st = sb_tpl_str_new(fields[k].key, strlen(fields[k].key), &key)))
-            st = sb_tpl_dict_set(*out, key, sb_tpl_retain(fields[k].val));
-    }
+    sb_status st = sb_tpl_dict_new(SB_TPL_NAMESPACE, out); /* attribute access; not a mapping */
+    for (size_t k = 0; k < N_LOOP_FIELDS && !st; k++)
+        if (vals[k].kind != SB_TPL_UNDEFINED) /* absent: loop.previtem is undefined on the first pass */
+            st = sb_tpl_dict_set(*out, sb_tpl_retain(keys[k]), sb_tpl_retain(vals[k]));
     return st;
 }
 
@@ -952,11 +969,15 @@ static sb_status exec_for(sb_tpl_interp *it, const sb_tpl_node *n) {
             return st;
         }
     }
+    sb_tpl_val keys[N_LOOP_FIELDS];
+    size_t n_keys = 0;
+    for (; n_keys < N_LOOP_FIELDS && !st; n_keys++)
+        st = sb_tpl_str_new(loop_fields[n_keys], strlen(loop_fields[n_keys]), &keys[n_keys]);
     for (size_t i = 0; i < items.l->n && !st; i++) {
-        if ((st = sb_tpl_charge(it, n, 1)) || (st = scope_push(it, NULL)))
+        if ((st = sb_tpl_charge(it, n, SB_TPL_LOOP_STEPS)) || (st = scope_push(it, NULL)))
             break;
         sb_tpl_val loop;
-        if (!(st = loop_var(items.l, i, &loop)) && !(st = scope_set(it, "loop", loop)) &&
+        if (!(st = loop_var(items.l, i, keys, &loop)) && !(st = scope_set(it, "loop", loop)) &&
             !(st = assign(it, n->a, sb_tpl_retain(items.l->items[i]))))
             st = exec_body(it, &n->body);
         scope_pop(it, saved);
@@ -965,6 +986,8 @@ static sb_status exec_for(sb_tpl_interp *it, const sb_tpl_node *n) {
         if (ctl == 1)
             break;
     }
+    for (size_t k = 0; k < n_keys; k++)
+        sb_tpl_release(keys[k]);
     if (!st && items.l->n == 0 && n->alt.n) {
         if (!(st = scope_push(it, NULL)))
             st = exec_body(it, &n->alt);

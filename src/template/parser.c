@@ -195,6 +195,7 @@ static sb_status make(parser *p, sb_tpl_ntype type, uint32_t off, sb_tpl_node *a
 /* ---- expressions ------------------------------------------------------------------- */
 
 static sb_status parse_list_literal(parser *p, bool dict, sb_tpl_node **out) {
+    *out = NULL;
     uint32_t off = cur(p)->off;
     const char *close = dict ? "}" : "]";
     next(p);
@@ -237,6 +238,7 @@ static sb_status parse_list_literal(parser *p, bool dict, sb_tpl_node **out) {
 }
 
 static sb_status parse_primary(parser *p, bool with_namespace, sb_tpl_node **out) {
+    *out = NULL;
     sb_tpl_token *t = cur(p);
     sb_tpl_node *n;
     sb_status st;
@@ -333,6 +335,7 @@ static bool is_tuple_end(parser *p, const char *end_name) {
 
 static sb_status parse_tuple(parser *p, bool simplified, bool with_condexpr, const char *end_name,
                              bool explicit_parens, bool with_namespace, sb_tpl_node **out) {
+    *out = NULL;
     uint32_t off = cur(p)->off;
     sb_tpl_nodes items = {0};
     bool is_tuple = false;
@@ -414,7 +417,7 @@ static sb_status parse_call_args(parser *p, sb_tpl_node *n) {
 
 static sb_status parse_call(parser *p, sb_tpl_node **node) {
     sb_tpl_node *n;
-    sb_status st = make(p, SB_TPL_N_CALL, cur(p)->off, *node, NULL, &n);
+    sb_status st = make(p, SB_TPL_N_CALL, (*node)->off, *node, NULL, &n);
     if (st) {
         *node = NULL;
         return st;
@@ -424,6 +427,7 @@ static sb_status parse_call(parser *p, sb_tpl_node **node) {
 }
 
 static sb_status parse_subscribed(parser *p, sb_tpl_node **out) {
+    *out = NULL;
     uint32_t off = cur(p)->off;
     sb_tpl_node *parts[3] = {NULL, NULL, NULL};
     sb_status st = SB_OK;
@@ -630,6 +634,7 @@ static sb_status parse_filter_expr(parser *p, sb_tpl_node **node) {
 }
 
 static sb_status parse_unary(parser *p, bool with_filter, sb_tpl_node **out) {
+    *out = NULL;
     uint32_t off = cur(p)->off;
     sb_status st = enter(p);
     sb_tpl_node *n = NULL;
@@ -661,6 +666,7 @@ static sb_status parse_not(parser *p, sb_tpl_node **out);
 static sb_status parse_compare(parser *p, sb_tpl_node **out);
 
 static sb_status parse_level(parser *p, level lv, sb_tpl_node **out) {
+    *out = NULL;
     static const char *const ops[][5] = {
         [L_OR] = {"or"}, [L_AND] = {"and"}, [L_MATH1] = {"+", "-"},
         [L_CONCAT] = {"~"}, [L_MATH2] = {"*", "/", "//", "%"}, [L_POW] = {"**"},
@@ -718,6 +724,7 @@ static sb_status parse_level(parser *p, level lv, sb_tpl_node **out) {
 }
 
 static sb_status parse_not(parser *p, sb_tpl_node **out) {
+    *out = NULL;
     if (!is_name(p, "not"))
         return parse_compare(p, out);
     uint32_t off = cur(p)->off;
@@ -732,6 +739,7 @@ static sb_status parse_not(parser *p, sb_tpl_node **out) {
 }
 
 static sb_status parse_compare(parser *p, sb_tpl_node **out) {
+    *out = NULL;
     uint32_t off = cur(p)->off;
     sb_tpl_node *first, *cmp = NULL;
     sb_status st = parse_level(p, L_MATH1, &first);
@@ -774,10 +782,14 @@ static sb_status parse_compare(parser *p, sb_tpl_node **out) {
 }
 
 static sb_status parse_condexpr(parser *p, sb_tpl_node **out) {
+    *out = NULL;
     sb_status st = parse_level(p, L_OR, out);
+    int links = 0;
     while (!st && is_name(p, "if")) {
         uint32_t off = cur(p)->off;
         next(p);
+        if ((links++, st = enter(p)))
+            break;
         sb_tpl_node *test, *alt = NULL, *n;
         if ((st = parse_level(p, L_OR, &test)))
             break;
@@ -788,11 +800,12 @@ static sb_status parse_condexpr(parser *p, sb_tpl_node **out) {
         if ((st = make(p, SB_TPL_N_COND, off, *out, test, &n))) {
             node_free(alt);
             *out = NULL;
-            return st;
+            break;
         }
         n->c = alt;
         *out = n;
     }
+    p->depth -= links;
     if (st) {
         node_free(*out);
         *out = NULL;
@@ -801,6 +814,7 @@ static sb_status parse_condexpr(parser *p, sb_tpl_node **out) {
 }
 
 static sb_status parse_expression(parser *p, bool with_condexpr, sb_tpl_node **out) {
+    *out = NULL;
     sb_status st = enter(p);
     if (!st)
         st = with_condexpr ? parse_condexpr(p, out) : parse_level(p, L_OR, out);
@@ -838,6 +852,7 @@ static sb_status parse_assign_target(parser *p, bool name_only, const char *end_
     }
     if (!ok) {
         node_free(n);
+        *out = NULL;
         return fail_at(p, off, SB_ERR_FORMAT, "can't assign to this expression");
     }
     return SB_OK;

@@ -23,8 +23,12 @@
 #define SB_TPL_MAX_SYNTAX_DEPTH 100
 /* Macro calls in progress at once (recursion). */
 #define SB_TPL_MAX_CALL_DEPTH 64
-/* Evaluation steps of one render (each node, loop iteration and 1 KiB built). */
-#define SB_TPL_MAX_STEPS 100000000ull
+/* Evaluation steps of one render: each node evaluated, each built-in called,
+ * the size of the values they yield or take (sb_tpl_size_steps), and
+ * SB_TPL_LOOP_STEPS per loop iteration. Real chat templates use
+ * well under 1% of it. */
+#define SB_TPL_MAX_STEPS 20000000ull
+#define SB_TPL_LOOP_STEPS 16
 /* Longest list range() or repetition builds (Jinja's sandbox MAX_RANGE). */
 #define SB_TPL_MAX_RANGE 100000
 
@@ -190,11 +194,11 @@ sb_status sb_tpl_fail(sb_tpl_interp *it, const sb_tpl_node *at, sb_status status
     __attribute__((format(printf, 4, 5)));
 /* Jinja's getattr (obj.name): a dict key, a method, or undefined. */
 sb_status sb_tpl_getattr(sb_tpl_interp *it, const sb_tpl_node *at, sb_tpl_val obj, const char *name, sb_tpl_val *out);
-/* Calls a callable value with args. */
-sb_status sb_tpl_call(sb_tpl_interp *it, const sb_tpl_node *at, sb_tpl_val fn, const sb_tpl_args *args,
-                      sb_tpl_val *out);
-/* Charges `n` steps; fails once the budget is spent. */
+
+/* Charges `n` steps; fails once the render's budget is spent. */
 sb_status sb_tpl_charge(sb_tpl_interp *it, const sb_tpl_node *at, uint64_t n);
+/* Steps for handling a value of this size: 1 per 64 string bytes or 8 items. */
+uint64_t sb_tpl_size_steps(sb_tpl_val v);
 
 /* ---- built-ins (builtins.c) -------------------------------------------------- */
 

@@ -33,7 +33,7 @@ void sb_tpl_free(sb_tpl *tpl);
 /* What apply_chat_template passes to the template. */
 typedef struct sb_tpl_chat {
     const char *messages_json; /* JSON array of {"role", "content", ...} objects */
-    const char *tools_json;    /* JSON array, or NULL: `tools` is not defined */
+    const char *tools_json;    /* JSON array or null, or NULL: `tools` is not defined */
     const char *extra_json;    /* JSON object of further variables (e.g. enable_thinking), or NULL */
     bool add_generation_prompt;
     const char *bos_token; /* NULL: `bos_token` is not defined */

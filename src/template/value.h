@@ -79,8 +79,8 @@ typedef struct sb_tpl_dict {
     sb_tpl_val *vals;
 } sb_tpl_dict;
 
-/* Callables are defined by the interpreter; value.c only frees them through
- * this hook (set by the interpreter, which owns macro closures). */
+/* Callables (struct sb_tpl_func) belong to the interpreter, which defines
+ * this; value.c calls it when the last reference goes. */
 void sb_tpl_func_free(struct sb_tpl_func *fn);
 
 /* ---- scalars (no allocation) ------------------------------------------- */
@@ -106,7 +106,6 @@ void sb_tpl_free_immortal(sb_tpl_val v);
 /* New string holding a copy of s[0..len). SB_ERR_UNSUPPORTED beyond
  * SB_TPL_MAX_BYTES, SB_ERR_NOMEM if allocation fails. */
 sb_status sb_tpl_str_new(const char *s, size_t len, sb_tpl_val *out);
-static inline const char *sb_tpl_cstr(sb_tpl_val v) { return v.s->data; }
 /* Length in code points (Python len()). */
 size_t sb_tpl_str_chars(const sb_tpl_str *s);
 /* Byte offset of code point `index` (0..chars) in s. */

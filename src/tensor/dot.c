@@ -8,6 +8,7 @@
  * kernels are tested against (bit for bit), so they stay plain.
  */
 #include <math.h>
+#include <string.h>
 
 #include "tensor/tensor-impl.h"
 
@@ -28,12 +29,16 @@
  * and lets the SIMD kernels be tested by memcmp against this one. */
 typedef enum { FLT_F32, FLT_F16, FLT_BF16 } flt_fmt;
 
+/* Element i of a row; rows need not be aligned. */
 static inline float flt_get(flt_fmt f, const void *p, int64_t i) {
-    switch (f) {
-    case FLT_F16: return sb_fp16_to_fp32(((const uint16_t *)p)[i]);
-    case FLT_BF16: return sb_bf16_to_fp32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
+    float v;
+    uint16_t h;
+    if (f == FLT_F32) {
+        memcpy(&v, (const char *)p + 4 * i, sizeof(v));
+        return v;
     }
+    memcpy(&h, (const char *)p + 2 * i, sizeof(h));
+    return f == FLT_F16 ? sb_fp16_to_fp32(h) : sb_bf16_to_fp32(h);
 }
 
 static inline float dot_float(flt_fmt f, int64_t n, const void *w, const void *x) {

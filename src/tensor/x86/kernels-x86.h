@@ -74,18 +74,22 @@ typedef enum { F_F32, F_F16, F_BF16, F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0 } fm
 SBX_ALWAYS bool is_float(fmt f) { return f <= F_BF16; }
 SBX_ALWAYS bool has_min(fmt f) { return f == F_Q4_1 || f == F_Q5_1; }
 
-SBX_ALWAYS float h2f(const uint8_t *p) {
+SBX_ALWAYS uint16_t load_u16(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, sizeof(h));
-    return _cvtsh_ss(h); /* exact, as sb_fp16_to_fp32 */
+    return h;
 }
 
-/* Decode reads each weight once, in R short interleaved row streams that the
- * hardware prefetcher follows poorly. A decode tile therefore prefetches the
- * next tile's rows (they follow this tile's when rows are packed) at the
- * pace it consumes its own: `bytes` more of them per step. */
+/* Decode reads each weight once, in R short interleaved row streams (a
+ * block-format row is ~1-3 KB) that the hardware prefetcher follows poorly:
+ * without help, decode of Q4_0/Q8_0 ran at about half the speed from DRAM
+ * that it reaches from cache. A block-format decode tile therefore
+ * prefetches the next tile's rows (they follow this tile's when rows are
+ * packed) at the pace it consumes its own: `bytes` more of them per block.
+ * Float rows are long page-sized streams that the hardware prefetcher
+ * handles, and prefetching them measured no better. */
 #ifndef SBX_PREFETCH
-#define SBX_PREFETCH 4
+#define SBX_PREFETCH 1
 #endif
 SBX_ALWAYS void prefetch_ahead(const uint8_t *p, size_t bytes) {
     if (!SBX_PREFETCH)
@@ -181,8 +185,6 @@ SBX_ALWAYS void f_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t 
                 SBX_UNROLL for (int q = 0; q < ps; q++)
                     acc[r][t][q] = vf_zero();
         for (int64_t i = 0; i < nc; i += 64) {
-            if (T == 1 && ps == FP)
-                prefetch_ahead(w + SBX_PREFETCH * R * ws + (size_t)(i * R) * es, (size_t)(64 * R) * es);
             SBX_UNROLL for (int q = 0; q < ps; q++) {
                 const size_t off = (size_t)(i + (p0 + q) * VW) * es;
                 vf wv[FRV > FRM ? FRV : FRM];
@@ -231,11 +233,7 @@ SBX_ALWAYS __m256i nibbles(const uint8_t *qs) {
 
 /* An F16 scale, broadcast: vpbroadcastw + vcvtph2ps (fewer shuffle-port
  * uops than converting a scalar and broadcasting the float). */
-SBX_ALWAYS __m256 h2f_bcast(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof(h));
-    return _mm256_cvtph_ps(_mm_set1_epi16((short)h));
-}
+SBX_ALWAYS __m256 h2f_bcast(const uint8_t *p) { return _mm256_cvtph_ps(_mm_set1_epi16((short)load_u16(p))); }
 
 /* 0x10 in byte e where bit e of the little-endian qh is set. */
 SBX_ALWAYS __m256i fifth_bits(const uint8_t *qh) {
@@ -256,13 +254,13 @@ typedef struct {
     __m256i q; /* quants as the level's pair_dot wants them */
     __m256i s; /* AVX2 Q8_0: the signed quants (for the sign trick) */
     __m256 d;  /* scale, broadcast */
-    float m;   /* min (Q4_1, Q5_1) */
+    __m128 m;  /* min (Q4_1, Q5_1), broadcast */
 } wblock;
 
 SBX_ALWAYS wblock w_decode(fmt f, const uint8_t *b) {
     wblock o;
     o.d = h2f_bcast(b);
-    o.m = has_min(f) ? h2f(b + 2) : 0.0f;
+    o.m = has_min(f) ? _mm_cvtph_ps(_mm_set1_epi16((short)load_u16(b + 2))) : _mm_setzero_ps();
     switch (f) {
     case F_Q4_0: o.q = nibbles(b + 2); break;
     case F_Q4_1: o.q = nibbles(b + 4); break;
@@ -287,14 +285,12 @@ typedef struct {
     __m256i q;  /* the 32 signed quants */
     __m256i nb; /* the bias term: AVX-512 -bias*sum per lane (int32); AVX2 bias*pair sums (int16) */
     __m256 d;   /* scale, broadcast */
-    float s;    /* Q8_1: d * sum(q) as stored */
 } xblock;
 
 SBX_ALWAYS xblock x_prep(fmt f, const uint8_t *b) {
     xblock o;
     const int bias = q_bias(f);
     o.d = h2f_bcast(b);
-    o.s = has_min(f) ? h2f(b + 2) : 0.0f;
     o.q = _mm256_loadu_si256((const __m256i *)(b + (has_min(f) ? 4 : 2)));
 #if SBX_AVX512
     o.nb = bias ? _mm256_sub_epi32(_mm256_setzero_si256(),
@@ -334,31 +330,43 @@ SBX_ALWAYS void q_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t 
     enum { RMAX = QRM > QRV ? QRM : QRV };
     const size_t wsz = q_wsize(f), xsz = q_xsize(f);
     __m256 acc[RMAX][QTM];
-    float mins[RMAX][QTM];
-    SBX_UNROLL for (int r = 0; r < R; r++)
-        SBX_UNROLL for (int t = 0; t < T; t++) {
+    /* The min terms m_w*s_x of row r, token t in lane t of mins[r]: the
+     * reference's scalar mul and add, T tokens per instruction. */
+    __m128 mins[RMAX];
+    _Static_assert(QTM <= 4, "mins holds 4 tokens");
+    SBX_UNROLL for (int r = 0; r < R; r++) {
+        mins[r] = _mm_setzero_ps();
+        SBX_UNROLL for (int t = 0; t < T; t++)
             acc[r][t] = _mm256_setzero_ps();
-            mins[r][t] = 0.0f;
-        }
+    }
     for (int64_t b = 0; b < n / SB_QK; b++) {
         wblock wb[RMAX];
         if (T == 1)
-            prefetch_ahead(w + SBX_PREFETCH * R * ws + (size_t)b * R * wsz, R * wsz);
+            prefetch_ahead(w + R * ws + (size_t)b * R * wsz, R * wsz);
         SBX_UNROLL for (int r = 0; r < R; r++)
             wb[r] = w_decode(f, w + r * ws + (size_t)b * wsz);
+        if (has_min(f)) {
+            const uint8_t *xb = x + (size_t)b * xsz + 2; /* Q8_1's s */
+            const __m128 s = _mm_cvtph_ps(_mm_setr_epi16((short)load_u16(xb), T > 1 ? (short)load_u16(xb + xs) : 0,
+                                                         T > 2 ? (short)load_u16(xb + 2 * xs) : 0,
+                                                         T > 3 ? (short)load_u16(xb + 3 * xs) : 0, 0, 0, 0, 0));
+            SBX_UNROLL for (int r = 0; r < R; r++)
+                mins[r] = _mm_add_ps(mins[r], _mm_mul_ps(wb[r].m, s));
+        }
         SBX_UNROLL for (int t = 0; t < T; t++) {
             const xblock xb = x_prep(f, x + t * xs + (size_t)b * xsz);
             SBX_UNROLL for (int r = 0; r < R; r++) {
                 const __m256 d = _mm256_mul_ps(wb[r].d, xb.d);
                 acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(pair_dot(f, &wb[r], &xb)), acc[r][t]);
-                if (has_min(f))
-                    mins[r][t] += wb[r].m * xb.s;
             }
         }
     }
-    SBX_UNROLL for (int r = 0; r < R; r++)
+    SBX_UNROLL for (int r = 0; r < R; r++) {
+        float m[4];
+        _mm_storeu_ps(m, mins[r]);
         SBX_UNROLL for (int t = 0; t < T; t++)
-            y[(size_t)t * ldy + (size_t)r] = q_finish(acc[r][t]) + mins[r][t];
+            y[(size_t)t * ldy + (size_t)r] = q_finish(acc[r][t]) + m[t];
+    }
 }
 
 /* ==== gemm driver ======================================================= */

@@ -1,0 +1,143 @@
+#!/usr/bin/env node
+// Load benchmark of `switchboard serve`: aggregate generation speed with
+// 1, 4, 8 and 16 concurrent streaming clients, time to first token (p50,
+// p99), and the server's resident memory before and after 10,000 short
+// requests. Prints a table.
+//
+//   node bench/serve-load.mjs [--bin build/switchboard] [--model FILE] [--threads 2]
+//                             [--tokens 64] [--requests 10000]
+// Without --model it generates the 110M-parameter Q4_0 llama model into
+// build/bench-110m-q4_0.gguf (random weights; gen-model is seeded).
+import { spawn, execFileSync } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const opt = (name, dflt) => {
+  const i = process.argv.indexOf(`--${name}`);
+  return i > 0 ? process.argv[i + 1] : dflt;
+};
+const BIN = opt('bin', process.env.SB_BIN || path.join(root, 'build/switchboard'));
+const THREADS = opt('threads', '2');
+const TOKENS = Number(opt('tokens', '64'));
+const REQUESTS = Number(opt('requests', '10000'));
+let MODEL = opt('model', null);
+if (!MODEL) {
+  MODEL = path.join(root, 'build/bench-110m-q4_0.gguf');
+  if (!existsSync(MODEL)) {
+    console.error(`generating ${MODEL}`);
+    execFileSync(BIN, ['gen-model', '--dim', '768', '--hidden', '2048', '--layers', '12', '--heads', '12', '--kv-heads', '12',
+      '--vocab', '32000', '--type', 'q4_0', '--out', MODEL], { stdio: 'inherit' });
+  }
+}
+const MODEL_ID = path.basename(MODEL).replace(/\.gguf$/, '');
+
+const proc = spawn(BIN, ['serve', '-m', MODEL, '--port', '0', '--threads', THREADS, '--parallel', '16', '--quiet'], {
+  stdio: ['ignore', 'ignore', 'pipe'],
+});
+let log = '';
+const port = await new Promise((resolve, reject) => {
+  proc.stderr.on('data', (d) => {
+    log += d;
+    const m = /listening on http:\/\/[^:\s]+:(\d+)/.exec(log);
+    if (m) resolve(Number(m[1]));
+  });
+  proc.on('exit', (c) => reject(new Error(`server exited (${c}):\n${log}`)));
+});
+const url = `http://127.0.0.1:${port}`;
+while ((await fetch(`${url}/health`).catch(() => ({ status: 0 }))).status !== 200) await new Promise((r) => setTimeout(r, 50));
+
+const rssMiB = () => {
+  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${proc.pid}/status`, 'utf8'));
+  return Number(m[1]) / 1024;
+};
+
+// One streaming completion; returns its time to first token and generated tokens.
+const words = 'the cat sat on a warm mat while the old dog slept under the big green tree by the river'.split(' ');
+async function stream(i, maxTokens) {
+  const prompt = words.slice(0, 3 + (i % 12)).join(' ');
+  const t0 = performance.now();
+  const r = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL_ID, prompt, max_tokens: maxTokens, temperature: 0.8, seed: i, stream: true,
+      stream_options: { include_usage: true } }),
+  });
+  if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
+  let ttft = null;
+  let buf = '';
+  let tokens = 0;
+  const dec = new TextDecoder();
+  for await (const part of r.body) {
+    if (ttft === null) ttft = performance.now() - t0;
+    buf += dec.decode(part, { stream: true });
+    let k;
+    while ((k = buf.indexOf('\n\n')) >= 0) {
+      const ev = buf.slice(6, k);
+      buf = buf.slice(k + 2);
+      if (ev !== '[DONE]') {
+        const j = JSON.parse(ev);
+        if (j.usage) tokens = j.usage.completion_tokens;
+      }
+    }
+  }
+  return { ttft, tokens };
+}
+
+const pct = (xs, p) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
+};
+
+await stream(0, 4); // warm-up
+const rows = [];
+for (const conc of [1, 4, 8, 16]) {
+  const perClient = conc === 1 ? 3 : 2;
+  const t0 = performance.now();
+  const results = (
+    await Promise.all(
+      Array.from({ length: conc }, async (_, c) => {
+        const out = [];
+        for (let k = 0; k < perClient; k++) out.push(await stream(c * 100 + k, TOKENS));
+        return out;
+      }),
+    )
+  ).flat();
+  const secs = (performance.now() - t0) / 1000;
+  const tokens = results.reduce((s, r) => s + r.tokens, 0);
+  const ttfts = results.map((r) => r.ttft);
+  rows.push({ conc, requests: results.length, tokens, secs, tps: tokens / secs, p50: pct(ttfts, 50), p99: pct(ttfts, 99) });
+}
+
+const rssBefore = rssMiB();
+const t0 = performance.now();
+let next = 0;
+let failed = 0;
+await Promise.all(
+  Array.from({ length: 16 }, async () => {
+    while (next < REQUESTS) {
+      const i = next++;
+      const r = await fetch(`${url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: MODEL_ID, prompt: words.slice(0, 2 + (i % 6)).join(' '), max_tokens: 2, temperature: 0 }),
+      });
+      if (r.status !== 200) failed++;
+      await r.arrayBuffer();
+    }
+  }),
+);
+const churnSecs = (performance.now() - t0) / 1000;
+const rssAfter = rssMiB();
+
+proc.kill('SIGTERM');
+const code = await new Promise((r) => proc.on('exit', r));
+
+console.log(`switchboard serve: ${path.basename(MODEL)}, --threads ${THREADS}, --parallel 16, ${TOKENS} tokens per stream`);
+console.log('| streams | requests | tokens | seconds | gen tok/s | TTFT p50 ms | TTFT p99 ms |');
+console.log('|--------:|---------:|-------:|--------:|----------:|------------:|------------:|');
+for (const r of rows)
+  console.log(`| ${r.conc} | ${r.requests} | ${r.tokens} | ${r.secs.toFixed(2)} | ${r.tps.toFixed(1)} | ${r.p50.toFixed(0)} | ${r.p99.toFixed(0)} |`);
+console.log(`\n${REQUESTS} short requests (16 at a time, 2 tokens each): ${churnSecs.toFixed(1)} s, ${(REQUESTS / churnSecs).toFixed(0)} req/s, ${failed} failed`);
+console.log(`server RSS: ${rssBefore.toFixed(1)} MiB before, ${rssAfter.toFixed(1)} MiB after (${(rssAfter - rssBefore >= 0 ? '+' : '') + (rssAfter - rssBefore).toFixed(1)} MiB); exit status ${code}`);
