@@ -41,10 +41,12 @@
 #define SBX_UNROLL _Pragma("GCC unroll 64")
 #endif
 
-/* Tile shapes, by level. R x T accumulators (blocks: one 8-lane vector per
- * pair; floats: up to ACC vectors in all) must fit the register file with
- * the operands: 16 ymm on AVX2, 32 on AVX-512. Decode (one token) uses RV
- * rows at a time so that several weight streams are in flight. */
+/* Tile shapes, by level: gemm tiles of RM rows x TM tokens, decode (one
+ * token) tiles of RV rows, so that several weight streams are in flight.
+ * The accumulators (block formats: one 8-lane vector per pair; float
+ * formats: at most FACC vectors per tile) and the operands must fit the
+ * register file: 16 ymm on AVX2, 32 on AVX-512. Chosen by measurement
+ * among the shapes that fit. */
 #if SBX_AVX512
 #define SBX_FILL sb__kernels_fill_avx512
 #define QRM 4 /* block formats: rows x tokens */
