@@ -5,6 +5,7 @@
  * are spelled out with the options.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
@@ -14,16 +15,41 @@ static const char usage[] =
     "usage: switchboard gen-model --out FILE [--arch llama|qwen2|qwen3|phi3|gemma2] [--vocab-from FILE.gguf]\n"
     "       [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1] [--dim N]\n"
     "       [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N] [--seed S]\n"
-    "       [--rope-base F] [--name NAME]\n";
+    "       [--rope-base F] [--name NAME] [--chat-template FILE.jinja]\n";
+
+/* A whole file as a NUL-terminated string (malloc'd), or NULL. */
+static char *read_text_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    long n;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
+        if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
+            buf[n] = '\0';
+        } else {
+            free(buf);
+            buf = NULL;
+        }
+    }
+    fclose(f);
+    return buf;
+}
 
 int sb_cmd_gen_model(int argc, char **argv) {
     sb_synth_params p = sb_synth_default_params();
+    char *template_text = NULL;
     const char *out = NULL, *v;
     for (int i = 1; i < argc; i++) {
         if (sb_cli_opt(argc, argv, &i, "--out", &out) || sb_cli_opt(argc, argv, &i, "--name", &p.name) ||
             sb_cli_opt(argc, argv, &i, "--arch", &p.arch) || sb_cli_opt(argc, argv, &i, "--vocab-from", &p.vocab_from))
             continue;
-        if (sb_cli_opt(argc, argv, &i, "--type", &v)) {
+        if (sb_cli_opt(argc, argv, &i, "--chat-template", &v)) {
+            free(template_text);
+            if (!(template_text = read_text_file(v)))
+                return sb_cli_error("--chat-template: cannot read '%s'", v);
+            p.chat_template = template_text;
+        } else if (sb_cli_opt(argc, argv, &i, "--type", &v)) {
             const sb_type_traits *tr = NULL;
             for (uint32_t t = 0; t < SB_TYPE_COUNT && !tr; t++)
                 if (sb_type_traits_of(t) && strcmp(sb_type_traits_of(t)->name, v) == 0 && sb_type_can_matmul(t)) {
@@ -62,7 +88,7 @@ int sb_cmd_gen_model(int argc, char **argv) {
         return SB_EXIT_USAGE;
     }
     sb_error err;
-    if (sb_synth_write(&p, out, &err) != SB_OK)
-        return sb_cli_error("%s", err.msg);
-    return 0;
+    int rc = sb_synth_write(&p, out, &err) == SB_OK ? 0 : sb_cli_error("%s", err.msg);
+    free(template_text);
+    return rc;
 }

@@ -4,7 +4,8 @@
  * stdout as soon as they form whole UTF-8 characters; stop strings are
  * matched on the text. Speeds go to stderr. With --json nothing is streamed
  * and one JSON object (prompt and generated ids, text, stop reason) is
- * printed at the end, for scripts and tests.
+ * printed at the end, for scripts and tests. With --chat the prompt is the
+ * user's message, formatted by the model's chat template.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,8 @@
 #include <cjson/cJSON.h>
 
 #include "cli/cli.h"
+#include "base/base.h"
+#include "model/chat.h"
 #include "sampling/stop.h"
 #include "switchboard.h"
 
@@ -23,7 +26,8 @@ typedef struct run_opts {
     const char *model, *prompt;
     int32_t n_predict, n_ctx, n_threads;
     sb_sampler_params sp;
-    bool seed_given, json;
+    bool seed_given, json, chat;
+    const char *system; /* --chat: an optional system message */
     const char *stops[MAX_STOPS];
     size_t n_stops;
 } run_opts;
@@ -65,7 +69,11 @@ static void parse_opts(int argc, char **argv, run_opts *o) {
                 exit(SB_EXIT_USAGE);
             }
             o->stops[o->n_stops++] = v;
-        } else if (strcmp(argv[i], "--json") == 0)
+        } else if (sb_cli_opt(argc, argv, &i, "--system", &o->system)) {
+            o->chat = true;
+        } else if (strcmp(argv[i], "--chat") == 0)
+            o->chat = true;
+        else if (strcmp(argv[i], "--json") == 0)
             o->json = true;
         else {
             fprintf(stderr, "switchboard run: unknown option '%s' (see 'switchboard --help')\n", argv[i]);
@@ -81,6 +89,7 @@ static void parse_opts(int argc, char **argv, run_opts *o) {
 /* Everything one generation owns, freed in one place. */
 typedef struct run_state {
     sb_model_t *model;
+    sb_chat *chat;
     sb_ctx_t *ctx;
     sb_sampler_t *sampler;
     sb_detok_t *detok;
@@ -96,8 +105,9 @@ static void run_state_free(run_state *s) {
     sb_detok_free(s->detok);
     sb_sampler_free(s->sampler);
     sb_ctx_free(s->ctx);
+    sb_chat_free(s->chat);
     sb_model_free(s->model);
-    free(s->prompt_ids);
+    sb_free(s->prompt_ids);
     free(s->gen_ids);
     free(s->text);
     free(s->out);
@@ -127,6 +137,36 @@ static void emit(run_state *s, bool json, const char *p, size_t n) {
     s->text[s->text_len] = '\0';
 }
 
+/* The prompt's tokens: the text as is (BOS per the model), or with --chat
+ * the user message (and --system message) through the chat template. */
+static sb_status prompt_tokens(run_state *s, const run_opts *o, size_t *n, sb_error *err) {
+    if (!o->chat) {
+        size_t len = strlen(o->prompt);
+        sb_tokenize(s->model, o->prompt, len, true, false, NULL, 0, n, NULL);
+        if (!(s->prompt_ids = sb_malloc((*n + 1) * sizeof(int32_t))))
+            return sb_fail(err, SB_ERR_NOMEM, "out of memory");
+        return sb_tokenize(s->model, o->prompt, len, true, false, s->prompt_ids, *n, n, err);
+    }
+    cJSON *msgs = cJSON_CreateArray();
+    if (o->system) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "system");
+        cJSON_AddStringToObject(m, "content", o->system);
+        cJSON_AddItemToArray(msgs, m);
+    }
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "user");
+    cJSON_AddStringToObject(m, "content", o->prompt);
+    cJSON_AddItemToArray(msgs, m);
+    char *json = cJSON_PrintUnformatted(msgs);
+    cJSON_Delete(msgs);
+    sb_status st = json ? sb_chat_create(s->model, &s->chat, err) : sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    if (st == SB_OK)
+        st = sb_chat_tokenize(s->chat, json, &s->prompt_ids, n, err);
+    cJSON_free(json);
+    return st;
+}
+
 static cJSON *ids_json(const int32_t *ids, int32_t n) {
     cJSON *a = cJSON_CreateArray();
     for (int32_t i = 0; i < n; i++)
@@ -150,18 +190,19 @@ int sb_cmd_run(int argc, char **argv) {
         goto done;
     }
     size_t plen = strlen(o.prompt);
-    sb_tokenize(s.model, o.prompt, plen, true, false, NULL, 0, &n_prompt, NULL);
-    s.prompt_ids = malloc((n_prompt + 1) * sizeof(int32_t));
+    if (prompt_tokens(&s, &o, &n_prompt, &err) != SB_OK) {
+        sb_cli_error("%s", err.msg);
+        goto done;
+    }
     s.gen_ids = malloc(((size_t)o.n_predict + 1) * sizeof(int32_t));
-    if (!s.prompt_ids || !s.gen_ids) {
+    if (!s.gen_ids) {
         sb_cli_error("out of memory");
         goto done;
     }
     sb_ctx_params cp = {.n_ctx = o.n_ctx, .n_threads = o.n_threads};
-    if (sb_tokenize(s.model, o.prompt, plen, true, false, s.prompt_ids, n_prompt, &n_prompt, &err) != SB_OK ||
-        sb_ctx_create(s.model, &cp, &s.ctx, &err) != SB_OK ||
+    if (sb_ctx_create(s.model, &cp, &s.ctx, &err) != SB_OK ||
         sb_sampler_create(&o.sp, sb_model_n_vocab(s.model), &s.sampler, &err) != SB_OK ||
-        sb_detok_create(s.model, plen == 0, &s.detok, &err) != SB_OK ||
+        sb_detok_create(s.model, plen == 0 && !o.chat, &s.detok, &err) != SB_OK ||
         sb_stop_create(o.stops, o.n_stops, &s.stop, &err) != SB_OK) {
         sb_cli_error("%s", err.msg);
         goto done;

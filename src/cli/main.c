@@ -18,6 +18,7 @@ static const char usage[] =
     "commands:\n"
     "  run        generate text:  run -m FILE -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P]\n"
     "             [--min-p P] [--repeat-penalty R] [--seed S] [--threads N] [--ctx N] [--stop S] [--json]\n"
+    "             [--chat [--system TEXT]]  (PROMPT is a user message, formatted by the chat template)\n"
     "  bench      measure speed like llama-bench:  bench -m FILE [-p 512] [-n 128] [-t THREADS] [-r REPS]\n"
     "             [-o table|json] [--progress]\n"
     "  serve      OpenAI-compatible HTTP server:  serve -m FILE [--host 127.0.0.1] [--port 8080] [--ctx N]\n"

@@ -176,7 +176,8 @@ static sb_status check_params(const sb_synth_params *p, const sb_arch_desc *arch
 
 /* Copies every tokenizer.* entry of another GGUF (vocabulary, merges,
  * special ids, chat template); *n_vocab receives its token count. */
-static sb_status copy_vocab(sb_gguf_writer *w, const char *path, int32_t *n_vocab, sb_error *err) {
+static sb_status copy_vocab(sb_gguf_writer *w, const char *path, bool skip_template, int32_t *n_vocab,
+                            sb_error *err) {
     sb_gguf *src;
     sb_status st = sb_gguf_open(path, &src, err);
     if (st != SB_OK)
@@ -185,9 +186,12 @@ static sb_status copy_vocab(sb_gguf_writer *w, const char *path, int32_t *n_voca
     st = sb_gguf_get_arr(src, "tokenizer.ggml.tokens", SB_GGUF_STRING, &tokens, err);
     if (st == SB_OK) {
         *n_vocab = (int32_t)tokens->arr_n;
-        for (uint64_t i = 0; i < src->n_kv; i++)
-            if (src->kv[i].key.len > 10 && memcmp(src->kv[i].key.ptr, "tokenizer.", 10) == 0)
+        for (uint64_t i = 0; i < src->n_kv; i++) {
+            sb_gguf_str key = src->kv[i].key;
+            bool is_template = key.len == 23 && memcmp(key.ptr, "tokenizer.chat_template", 23) == 0;
+            if (key.len > 10 && memcmp(key.ptr, "tokenizer.", 10) == 0 && !(is_template && skip_template))
                 sb_gguf_copy_kv(w, &src->kv[i]);
+        }
     }
     sb_gguf_close(src);
     return st;
@@ -224,7 +228,10 @@ sb_status sb_synth_build(const sb_synth_params *p, sb_gguf_writer **out, sb_erro
     sb_gguf_set_u32(w, "general.file_type", file_type_of(p->type));
     if (p->type != SB_TYPE_F32 && p->type != SB_TYPE_F16 && p->type != SB_TYPE_BF16)
         sb_gguf_set_u32(w, "general.quantization_version", 2);
-    st = p->vocab_from ? copy_vocab(w, p->vocab_from, &n_vocab, err) : build_vocab(w, p->vocab, err);
+    st = p->vocab_from ? copy_vocab(w, p->vocab_from, p->chat_template != NULL, &n_vocab, err)
+                       : build_vocab(w, p->vocab, err);
+    if (p->chat_template)
+        sb_gguf_set_str(w, "tokenizer.chat_template", p->chat_template);
     set_arch_u32(w, a, "context_length", (uint32_t)p->ctx);
     set_arch_u32(w, a, "embedding_length", (uint32_t)p->dim);
     set_arch_u32(w, a, "block_count", (uint32_t)p->layers);

@@ -16,6 +16,7 @@
 typedef struct sb_synth_params {
     const char *arch;       /* general.architecture: llama, qwen2, qwen3, phi3, gemma2 */
     const char *vocab_from; /* copy the tokenizer (and chat template) of this GGUF; NULL: generate one */
+    const char *chat_template; /* tokenizer.chat_template text (replaces a copied one); NULL: none/copied */
     int32_t dim, hidden, layers, heads, kv_heads, vocab, ctx; /* vocab: ignored with vocab_from */
     sb_type type;      /* type of the weight matrices (norms stay F32) */
     uint64_t seed;

@@ -395,26 +395,32 @@ static bool chat_prompt(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_er
     cJSON *msgs = normalize_messages(root, e);
     if (!msgs)
         return false;
-    char *text = NULL;
-    size_t len = 0;
-    sb_error err;
-    sb_status st = sb_srv_chat_render(srv->chat, msgs, &text, &len, &err);
+    char *json = cJSON_PrintUnformatted(msgs);
     cJSON_Delete(msgs);
-    if (st != SB_OK) {
-        if (st == SB_ERR_NOMEM)
-            sb_oai_err_set(e, 500, "server_error", NULL, "messages", "%s", err.msg);
-        else
-            invalid(e, "messages", "invalid_value", "the chat template cannot render these messages: %s", err.msg);
+    if (!json || !alloc_prompts(r, 1, "messages", e)) {
+        if (!json)
+            sb_oai_err_set(e, 500, "server_error", NULL, "messages", "out of memory");
+        cJSON_free(json);
         return false;
     }
-    /* A template that writes the BOS text itself must not get a second one. */
-    int32_t bos = sb_model_token_bos(srv->model);
-    const char *bos_text = bos >= 0 ? sb_token_text(srv->model, bos) : NULL;
-    bool add_bos = !(bos_text && bos_text[0] && strncmp(text, bos_text, strlen(bos_text)) == 0);
-    bool ok = alloc_prompts(r, 1, "messages", e) &&
-              tokenize(srv, text, len, add_bos, true, &r->prompts[0], &r->prompt_lens[0], "messages", e);
-    sb_free(text);
-    return ok;
+    int32_t *ids;
+    size_t n;
+    sb_error err;
+    sb_status st = sb_chat_tokenize(srv->chat, json, &ids, &n, &err);
+    cJSON_free(json);
+    if (st == SB_ERR_NOMEM) {
+        sb_oai_err_set(e, 500, "server_error", NULL, "messages", "%s", err.msg);
+        return false;
+    }
+    if (st != SB_OK)
+        return invalid(e, "messages", "invalid_value", "the chat template cannot render these messages: %s", err.msg);
+    if (n == 0) {
+        sb_free(ids);
+        return invalid(e, "messages", "invalid_value", "'messages' renders to an empty prompt");
+    }
+    r->prompts[0] = ids;
+    r->prompt_lens[0] = (int32_t)n;
+    return true;
 }
 
 /* ---- requests ------------------------------------------------------------ */

@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
-#include "server/chat.h"
+#include "model/chat.h"
 #include "server/metrics.h"
 #include "server/server.h"
 
@@ -31,7 +31,7 @@ struct sb_srv {
 
     atomic_bool ready;    /* model loaded and engine running */
     sb_model_t *model;
-    sb_srv_chat *chat;
+    sb_chat *chat;
     int32_t n_embd;
     pthread_rwlock_t engine_lock;
     sb_engine *engine;    /* NULL before load and after stop */

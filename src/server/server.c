@@ -452,15 +452,15 @@ uint16_t sb_srv_port(const sb_srv *srv) { return srv->port; }
 
 sb_status sb_srv_load(sb_srv *srv, sb_error *err) {
     sb_model_t *model = NULL;
-    sb_srv_chat *chat = NULL;
+    sb_chat *chat = NULL;
     sb_engine *engine = NULL;
     sb_status st = sb_model_load(srv->p.model_path, &model, err);
     if (st == SB_OK)
-        st = sb_srv_chat_create(model, &chat, err);
+        st = sb_chat_create(model, &chat, err);
     if (st == SB_OK)
         st = sb_engine_create(model, &srv->p.engine, &engine, err);
     if (st != SB_OK) {
-        sb_srv_chat_free(chat);
+        sb_chat_free(chat);
         sb_model_free(model);
         return st;
     }
@@ -471,7 +471,7 @@ sb_status sb_srv_load(sb_srv *srv, sb_error *err) {
     srv->engine = engine;
     pthread_rwlock_unlock(&srv->engine_lock);
     atomic_store(&srv->ready, true);
-    sb__srv_log(srv, "serving '%s' (prompts: %s)", srv->id, sb_srv_chat_describe(chat));
+    sb__srv_log(srv, "serving '%s' (prompts: %s)", srv->id, sb_chat_describe(chat));
     return SB_OK;
 }
 
@@ -487,7 +487,7 @@ void sb_srv_stop(sb_srv *srv) {
     sb_engine_free(engine);
     if (srv->daemon)
         MHD_stop_daemon(srv->daemon);
-    sb_srv_chat_free(srv->chat);
+    sb_chat_free(srv->chat);
     sb_model_free(srv->model);
     pthread_rwlock_destroy(&srv->engine_lock);
     sb_srv_metrics_destroy(&srv->metrics);

@@ -1,26 +1,26 @@
 /*
- * chat.c - chat prompt rendering (see chat.h) on the template module: the
- * model file's tokenizer.chat_template, parsed once, or the built-in ChatML
- * template when the file has none or one this engine cannot parse.
+ * chat.c - chat prompts (see chat.h) on the template module.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "base/base.h"
+#include "model/chat.h"
 #include "model/model.h"
-#include "server/chat.h"
 #include "template/template.h"
 
-struct sb_srv_chat {
+struct sb_chat {
+    const sb_model *model;
     sb_tpl *tpl;
     const char *bos, *eos; /* token texts (owned by the model), or NULL */
-    char what[256];        /* for sb_srv_chat_describe */
+    char what[256];        /* for sb_chat_describe */
 };
 
-sb_status sb_srv_chat_create(const sb_model_t *model, sb_srv_chat **out, sb_error *err) {
-    sb_srv_chat *c = sb_calloc(1, sizeof *c);
+sb_status sb_chat_create(const sb_model_t *model, sb_chat **out, sb_error *err) {
+    sb_chat *c = sb_calloc(1, sizeof *c);
     if (!(*out = c))
         return sb_fail(err, SB_ERR_NOMEM, "chat template: out of memory");
+    c->model = model;
     int32_t bos = sb_model_token_bos(model), eos = sb_model_token_eos(model);
     c->bos = bos >= 0 ? sb_token_text(model, bos) : NULL;
     c->eos = eos >= 0 ? sb_token_text(model, eos) : NULL;
@@ -38,33 +38,48 @@ sb_status sb_srv_chat_create(const sb_model_t *model, sb_srv_chat **out, sb_erro
     const char *chatml = sb_tpl_builtin_source("chatml");
     sb_status st = sb_tpl_parse(chatml, strlen(chatml), &c->tpl, err);
     if (st != SB_OK) {
-        sb_srv_chat_free(c);
+        sb_chat_free(c);
         *out = NULL;
     }
     return st;
 }
 
-void sb_srv_chat_free(sb_srv_chat *chat) {
+void sb_chat_free(sb_chat *chat) {
     if (!chat)
         return;
     sb_tpl_free(chat->tpl);
     sb_free(chat);
 }
 
-const char *sb_srv_chat_describe(const sb_srv_chat *chat) { return chat->what; }
+const char *sb_chat_describe(const sb_chat *chat) { return chat->what; }
 
-sb_status sb_srv_chat_render(const sb_srv_chat *chat, const cJSON *messages, char **out, size_t *len,
-                             sb_error *err) {
-    char *json = cJSON_PrintUnformatted(messages);
-    if (!json)
-        return sb_fail(err, SB_ERR_NOMEM, "chat prompt: out of memory");
+sb_status sb_chat_tokenize(const sb_chat *chat, const char *messages_json, int32_t **ids, size_t *n, sb_error *err) {
+    *ids = NULL;
+    *n = 0;
     sb_tpl_chat c = {
-        .messages_json = json,
+        .messages_json = messages_json,
         .add_generation_prompt = true,
         .bos_token = chat->bos,
         .eos_token = chat->eos,
     };
-    sb_status st = sb_tpl_render_chat(chat->tpl, &c, out, len, err);
-    cJSON_free(json);
+    char *text;
+    size_t len;
+    sb_status st = sb_tpl_render_chat(chat->tpl, &c, &text, &len, err);
+    if (st != SB_OK)
+        return st;
+    /* Templates that write the BOS text themselves (Llama 3, Mistral, ...)
+     * must not get a second BOS token; llama.cpp strips it likewise. */
+    bool add_bos = !(chat->bos && chat->bos[0] && strncmp(text, chat->bos, strlen(chat->bos)) == 0);
+    size_t need = 0;
+    sb_tokenize(chat->model, text, len, add_bos, true, NULL, 0, &need, NULL);
+    if (!(*ids = sb_malloc((need + 1) * sizeof(int32_t))))
+        st = sb_fail(err, SB_ERR_NOMEM, "chat prompt: out of memory");
+    else
+        st = sb_tokenize(chat->model, text, len, add_bos, true, *ids, need, n, err);
+    sb_free(text);
+    if (st != SB_OK) {
+        sb_free(*ids);
+        *ids = NULL;
+    }
     return st;
 }
