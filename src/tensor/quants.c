@@ -175,11 +175,16 @@ static void quantize_q8(const sb__qfmt *f, q8_rounding mode, const float *src, v
             id = d != 0.0f ? 1.0f / d : 0.0f;
         else
             id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        /* A block below ~4e-37 overflows the inverse scale (and its d is 0
+         * in F16 anyway); a non-finite input has no quant. C leaves the
+         * conversion of such values to int undefined, so spell it out: 0. */
+        if (!isfinite(id))
+            id = 0.0f;
         int8_t *qs = (int8_t *)(blk + f->off_qs);
         int sum = 0;
         for (int e = 0; e < SB_QK; e++) {
-            const float v = src[e] * id;
-            qs[e] = (int8_t)(mode == Q8_REF ? roundf(v) : nearbyintf(v));
+            const float r = mode == Q8_REF ? roundf(src[e] * id) : nearbyintf(src[e] * id);
+            qs[e] = (int8_t)(r >= -128.0f && r <= 127.0f ? r : 0.0f);
             sum += qs[e];
         }
         put_f16(blk, d);

@@ -1,19 +1,24 @@
 // archs.mjs - every architecture switchboard runs, checked against llama.cpp
 // (node-llama-cpp@3.21.1): a random model of each family is generated with
-// `switchboard gen-model` (F32, the Llama 2 vocabulary), both engines decode
-// greedily from the same prompt ids, and the token sequences must be equal.
+// `switchboard gen-model` (F32, the Llama 2 vocabulary); both engines decode
+// greedily from the same prompt ids and the token sequences must be equal;
+// then the teacher-forced next-token distributions along a 64-token
+// sequence must agree within 1% (bench/llamacpp/distributions.mjs).
 //
-// usage: node archs.mjs   (env SB_BIN: the switchboard binary; SB_SHARED_DIR: fixtures)
+// usage: node archs.mjs   (env SB_BIN: the switchboard binary; SB_SHARED_DIR:
+// fixtures; SB_LOGPROBS: bench_logprobs; ctest sets all three)
 import {execFileSync} from 'node:child_process';
 import {mkdtempSync, rmSync} from 'node:fs';
 import {tmpdir} from 'node:os';
-import {join} from 'node:path';
+import {dirname, join} from 'node:path';
+import {fileURLToPath} from 'node:url';
 import {getLlama, LlamaLogLevel} from 'node-llama-cpp';
 
 const bin = process.env.SB_BIN;
 const shared = process.env.SB_SHARED_DIR;
-if (!bin || !shared) {
-    console.error('set SB_BIN and SB_SHARED_DIR (ctest does)');
+const logprobs = process.env.SB_LOGPROBS;
+if (!bin || !shared || !logprobs) {
+    console.error('set SB_BIN, SB_SHARED_DIR and SB_LOGPROBS (ctest does)');
     process.exit(2);
 }
 const vocab = join(shared, 'models/llama2-vocab-tiny-random.gguf');
@@ -24,8 +29,10 @@ const N = 32;
 const dir = mkdtempSync(join(tmpdir(), 'sb-archs-'));
 const llama = await getLlama({gpu: false, logLevel: LlamaLogLevel.error, build: 'never'});
 let failures = 0;
+const files = [];
 for (const arch of archs) {
     const path = join(dir, `${arch}.gguf`);
+    files.push(path);
     execFileSync(bin, ['gen-model', '--out', path, '--arch', arch, '--vocab-from', vocab, '--dim', '128',
                        '--hidden', '320', '--layers', '3', '--heads', '4', '--kv-heads', '2', '--ctx', '256',
                        '--seed', '11']);
@@ -55,7 +62,19 @@ for (const arch of archs) {
     }
     await model.dispose();
 }
+
+const script = join(dirname(fileURLToPath(import.meta.url)), '../../bench/llamacpp/distributions.mjs');
+let distOk = true;
+try {
+    console.log(execFileSync(process.execPath, [script, '--logprobs', logprobs, '-t', '1', '--tokens', '64', ...files],
+                             {encoding: 'utf8'}).trimEnd());
+} catch (e) {
+    console.log(`${e.stdout || ''}${e.stderr || ''}`.trimEnd());
+    distOk = false;
+}
 rmSync(dir, {recursive: true, force: true});
-const total = archs.length * prompts.length;
+if (!distOk)
+    failures++;
+const total = archs.length * prompts.length + 1;
 console.log(`${total - failures} passed, ${failures} failed`);
 process.exit(failures ? 1 : 0);

@@ -32,6 +32,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "tensor/kquants.h"
 #include "tensor/tensor-impl.h"
 
 #define SBX_ALWAYS static inline __attribute__((always_inline))
@@ -560,4 +561,6 @@ void SBX_FILL(sb_kernels *k) {
     k->act_from_float[SB_TYPE_BF16] = act_bf16;
     k->act_from_float[SB_TYPE_Q8_0] = act_q8_0;
     k->act_from_float[SB_TYPE_Q8_1] = act_q8_1;
+    /* K-quants: AVX2 kernels at both levels (ggml runs the same code there). */
+    sb__kquants_fill_avx2(k);
 }
