@@ -144,7 +144,8 @@ static void attend_head(void *arg, int64_t pair, int ith) {
     int32_t first = j->layer->swa ? SB_MAX(0, bt->pos - hp->n_swa + 1) : 0, n = bt->pos + 1 - first;
     const float *qh = j->q + (size_t)i * q_dim + (size_t)h * hd;
     float *scores = f->scores + (size_t)ith * f->max_len;
-    sb_gemm_fn dot_rows = sb_kernels_active()->gemm[SB_TYPE_F32];
+    const sb_kernels *kern = sb_kernels_active();
+    sb_gemm_fn dot_rows = kern->gemm[SB_TYPE_F32];
     /* Soft-capped models scale q before the dot products (as llama.cpp's
      * graph does); the others scale the dot products. */
     float scale = 1.0f / sqrtf((float)hd), qs[512];
@@ -167,10 +168,7 @@ static void attend_head(void *arg, int64_t pair, int ith) {
     memset(oh, 0, (size_t)hd * sizeof(float));
     for (int32_t t = 0; t < n; t++) {
         int32_t p = first + t;
-        const float *vt = sb_kv_v(j->kv, j->il, bt->blocks[p / bs], p % bs) + (size_t)kvh * hd;
-        float a = scores[t];
-        for (int32_t e = 0; e < hd; e++)
-            oh[e] += a * vt[e];
+        kern->axpy(hd, scores[t], sb_kv_v(j->kv, j->il, bt->blocks[p / bs], p % bs) + (size_t)kvh * hd, oh);
     }
 }
 

@@ -54,9 +54,15 @@ static const sb_gemm_fn gemm_ref_by_id[] = {
 };
 _Static_assert(sizeof(gemm_ref_by_id) / sizeof(gemm_ref_by_id[0]) == SB_TYPE_COUNT, "one wrapper per type id");
 
+static void axpy_ref(int64_t n, float a, const float *x, float *y) {
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
 static void fill_scalar(sb_kernels *k) {
     memset(k, 0, sizeof(*k));
     k->level = SB_CPU_SCALAR;
+    k->axpy = axpy_ref;
     for (uint32_t id = 0; id < SB_TYPE_COUNT; id++) {
         const sb_type_traits *t = sb_type_traits_of(id);
         if (!t)

@@ -141,8 +141,14 @@ typedef enum sb_cpu_level {
 typedef void (*sb_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t nr, const void *x, size_t x_stride,
                            int64_t nt, float *y, size_t ldy);
 
+/* y[i] += a * x[i] for i < n, F32, multiply and add rounded separately
+ * (never fused), so every level gives the scalar bytes. Attention's
+ * weighted sum of values. */
+typedef void (*sb_axpy_fn)(int64_t n, float a, const float *x, float *y);
+
 typedef struct sb_kernels {
     sb_cpu_level level;
+    sb_axpy_fn axpy;
     sb_gemm_fn gemm[SB_TYPE_COUNT];                 /* by weight type; NULL where the type has no vec_dot */
     sb_from_float_fn act_from_float[SB_TYPE_COUNT]; /* by activation type (F32, F16, BF16, Q8_0, Q8_1):
                                                        the bytes of the type table's act_from_float */

@@ -548,7 +548,21 @@ static void act_bf16(const float *src, void *dst, int64_t n) {
         h[i] = sb_fp32_to_bf16(src[i]);
 }
 
+/* ---- axpy ---- */
+
+/* 8 lanes at a time; mul and add stay separate instructions (the pragma in
+ * tensor-impl.h keeps the tail loop unfused too). */
+static void axpy_f32(int64_t n, float a, const float *x, float *y) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(va, _mm256_loadu_ps(x + i))));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
 void SBX_FILL(sb_kernels *k) {
+    k->axpy = axpy_f32;
     k->gemm[SB_TYPE_F32] = gemm_f32;
     k->gemm[SB_TYPE_F16] = gemm_f16;
     k->gemm[SB_TYPE_BF16] = gemm_bf16;
