@@ -118,57 +118,77 @@ static void matmul(sb_forward *f, const sb_weight *w, const float *x, int32_t n_
 
 /* ---- attention ------------------------------------------------------------ */
 
+/* Consecutive batch tokens of one sequence at consecutive positions (a
+ * prompt chunk, or a single decoding token) attend together: their q.k
+ * products come from one gemm per KV block, each key row loaded once for
+ * the whole group. At most ATTN_GROUP tokens per group. */
+#define ATTN_GROUP 32
+
 typedef struct attention_job {
     sb_forward *f;
     const sb_kv *kv;
     const sb_batch_token *batch;
     const sb_layer *layer;
     int32_t il;
-    const float *q; /* (n, q_dim) */
+    const float *q;           /* (n, q_dim) */
+    const int32_t *group_start; /* batch index of each group's first token; n_groups + 1 entries */
 } attention_job;
 
-/* Head h of batch token i (pair = i*n_head + h) attends over the positions
- * of its sequence up to its own (the last n_swa of them in a sliding-window
- * layer); writes head_dim values of f->att. The q.k products go through the
- * kernel table's F32 gemm, one KV block at a time (a block's keys are rows
- * kv_dim apart), so they are SIMD and bit-identical at every kernel level. */
-static void attend_head(void *arg, int64_t pair, int ith) {
+/* Head h of group g (chunk = g*n_head + h): every token of the group attends
+ * over the positions of its sequence up to its own (the last n_swa of them
+ * in a sliding-window layer); writes head_dim values per token of f->att.
+ * Every (token, position) product is the F32 vec_dot, bit for bit, however
+ * the tokens are grouped. */
+static void attend_group_head(void *arg, int64_t chunk, int ith) {
     const attention_job *j = arg;
     sb_forward *f = j->f;
     const sb_hparams *hp = &f->model->hp;
+    const sb_kernels *kern = sb_kernels_active();
     int32_t hd = hp->head_dim, q_dim = hp->n_head * hd, bs = j->kv->block_size;
     size_t kv_stride = (size_t)j->kv->kv_dim * sizeof(float);
-    int32_t i = (int32_t)(pair / hp->n_head), h = (int32_t)(pair % hp->n_head);
-    const sb_batch_token *bt = &j->batch[i];
+    int32_t g = (int32_t)(chunk / hp->n_head), h = (int32_t)(chunk % hp->n_head);
+    int32_t i0 = j->group_start[g], nq = j->group_start[g + 1] - i0;
+    const sb_batch_token *bt0 = &j->batch[i0];
+    const int32_t *blocks = bt0->blocks;
     int32_t kvh = h / (hp->n_head / hp->n_head_kv); /* GQA: query heads share a KV head */
-    int32_t first = j->layer->swa ? SB_MAX(0, bt->pos - hp->n_swa + 1) : 0, n = bt->pos + 1 - first;
-    const float *qh = j->q + (size_t)i * q_dim + (size_t)h * hd;
-    float *scores = f->scores + (size_t)ith * f->max_len;
-    const sb_kernels *kern = sb_kernels_active();
-    sb_gemm_fn dot_rows = kern->gemm[SB_TYPE_F32];
+    int32_t last = bt0->pos + nq - 1;
+    int32_t first = j->layer->swa ? SB_MAX(0, bt0->pos - hp->n_swa + 1) : 0, npos = last + 1 - first;
+    float *scores = f->scores + (size_t)ith * ATTN_GROUP * f->max_len; /* (nq, npos) */
+
     /* Soft-capped models scale q before the dot products (as llama.cpp's
      * graph does); the others scale the dot products. */
-    float scale = 1.0f / sqrtf((float)hd), qs[512];
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *q = j->q + (size_t)i0 * q_dim + (size_t)h * hd;
+    size_t q_stride = (size_t)q_dim * sizeof(float);
+    float qs[ATTN_GROUP * 512];
     if (hp->attn_softcap > 0) {
-        for (int32_t e = 0; e < hd; e++)
-            qs[e] = qh[e] * scale;
-        qh = qs;
+        for (int32_t i = 0; i < nq; i++)
+            for (int32_t e = 0; e < hd; e++)
+                qs[i * hd + e] = q[(size_t)i * q_dim + e] * scale;
+        q = qs;
+        q_stride = (size_t)hd * sizeof(float);
     }
-    for (int32_t p = first; p <= bt->pos;) {
-        int32_t slot = p % bs, run = SB_MIN(bs - slot, bt->pos + 1 - p);
-        const float *k0 = sb_kv_k(j->kv, j->il, bt->blocks[p / bs], slot) + (size_t)kvh * hd;
-        dot_rows(hd, k0, kv_stride, run, qh, 0, 1, scores + (p - first), 0);
+    for (int32_t p = first; p <= last;) {
+        int32_t slot = p % bs, run = SB_MIN(bs - slot, last + 1 - p);
+        const float *k0 = sb_kv_k(j->kv, j->il, blocks[p / bs], slot) + (size_t)kvh * hd;
+        kern->gemm[SB_TYPE_F32](hd, k0, kv_stride, run, q, q_stride, nq, scores + (p - first), (size_t)npos);
         p += run;
     }
-    for (int32_t t = 0; t < n; t++)
-        scores[t] = hp->attn_softcap > 0 ? tanhf(scores[t] * (1.0f / hp->attn_softcap)) * hp->attn_softcap
-                                         : scores[t] * scale;
-    softmax(scores, n);
-    float *oh = f->att + (size_t)i * q_dim + (size_t)h * hd;
-    memset(oh, 0, (size_t)hd * sizeof(float));
-    for (int32_t t = 0; t < n; t++) {
-        int32_t p = first + t;
-        kern->axpy(hd, scores[t], sb_kv_v(j->kv, j->il, bt->blocks[p / bs], p % bs) + (size_t)kvh * hd, oh);
+
+    for (int32_t i = 0; i < nq; i++) {
+        int32_t pos = bt0->pos + i;
+        int32_t from = j->layer->swa ? SB_MAX(0, pos - hp->n_swa + 1) : 0, n = pos + 1 - from;
+        float *sc = scores + (size_t)i * npos + (from - first);
+        for (int32_t t = 0; t < n; t++)
+            sc[t] = hp->attn_softcap > 0 ? tanhf(sc[t] * (1.0f / hp->attn_softcap)) * hp->attn_softcap
+                                         : sc[t] * scale;
+        softmax(sc, n);
+        float *oh = f->att + (size_t)(i0 + i) * q_dim + (size_t)h * hd;
+        memset(oh, 0, (size_t)hd * sizeof(float));
+        for (int32_t t = 0; t < n; t++) {
+            int32_t p = from + t;
+            kern->axpy(hd, sc[t], sb_kv_v(j->kv, j->il, blocks[p / bs], p % bs) + (size_t)kvh * hd, oh);
+        }
     }
 }
 
@@ -220,8 +240,17 @@ static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batc
         memcpy(sb_kv_v(kv, il, block, slot), v + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float));
     }
 
-    attention_job job = {f, kv, batch, ly, il, q};
-    sb_threadpool_for(f->pool, (int64_t)n * hp->n_head, attend_head, &job);
+    /* Groups: runs of tokens of one sequence at consecutive positions. */
+    int32_t n_groups = 0;
+    for (int32_t i = 0; i < n; i++) {
+        bool same_run = i > 0 && batch[i].blocks == batch[i - 1].blocks && batch[i].pos == batch[i - 1].pos + 1 &&
+                        i - f->group_start[n_groups - 1] < ATTN_GROUP;
+        if (!same_run)
+            f->group_start[n_groups++] = i;
+    }
+    f->group_start[n_groups] = n;
+    attention_job job = {f, kv, batch, ly, il, q, f->group_start};
+    sb_threadpool_for(f->pool, (int64_t)n_groups * hp->n_head, attend_group_head, &job);
 
     matmul(f, &ly->wo, f->att, n, f->xb);
     if (a->post_norms)
@@ -322,11 +351,12 @@ sb_status sb_forward_init(sb_forward *f, const sb_model *m, sb_threadpool *pool,
     f->att = sb_malloc(B * q_dim * sizeof(float));
     f->hb = sb_malloc(B * wide * sizeof(float));
     f->hb2 = sb_malloc(B * hp->n_ff * sizeof(float));
-    f->scores = sb_malloc((size_t)sb_threadpool_n_threads(pool) * (size_t)max_len * sizeof(float));
+    f->scores = sb_malloc((size_t)sb_threadpool_n_threads(pool) * ATTN_GROUP * (size_t)max_len * sizeof(float));
+    f->group_start = sb_malloc(((size_t)max_tokens + 1) * sizeof(int32_t));
     f->logits = sb_malloc((size_t)max_logits * hp->n_vocab * sizeof(float));
     f->work = sb_malloc(work);
     f->embd = sb_malloc(B * hp->n_embd * sizeof(float));
-    if (!f->embd || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->scores || !f->logits ||
+    if (!f->group_start || !f->embd || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->scores || !f->logits ||
         !f->work) {
         sb_forward_free(f);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for forward-pass buffers (%d tokens)", max_tokens);
@@ -339,6 +369,7 @@ void sb_forward_free(sb_forward *f) {
     for (size_t i = 0; i < SB_ARRAY_LEN(bufs); i++)
         sb_free(bufs[i]);
     sb_free(f->work);
+    sb_free(f->group_start);
     *f = (sb_forward){0};
 }
 

@@ -170,7 +170,8 @@ typedef struct sb_forward {
     float *att;    /* (max_tokens, q_dim) attention output */
     float *hb;     /* (max_tokens, max(2*n_ff, q_dim + 2*kv_dim)): fused products land here */
     float *hb2;    /* (max_tokens, n_ff) */
-    float *scores; /* (n_threads, max_len) one head's attention weights per thread */
+    float *scores; /* (n_threads, ATTN_GROUP, max_len) attention weights of a group of tokens per thread */
+    int32_t *group_start; /* (max_tokens + 1) attention groups of the current batch */
     float *logits; /* (max_logits, n_vocab) */
     float *embd;   /* (max_tokens, n_embd): final normed hidden state of tokens that want it */
     void *work;    /* sb_matmul scratch */
