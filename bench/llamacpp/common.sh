@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # common.sh - shared by bench/compare-llamacpp and bench/check-distributions
 # (sourced, not run): locating the build, installing node-llama-cpp, building
 # the quantizer and generating / quantizing the benchmark models.

@@ -114,7 +114,8 @@ function table(resultsPath, distPath) {
     console.log("RSS: llama.cpp's is the node process's peak (node itself adds about 50-80 MB); switchboard's is ru_maxrss.");
     console.log("others' CPU %: the share of all cores' time that other processes used during that engine's run" +
         " (/proc/stat busy time minus the run's own CPU time); above a few % the figures are disturbed, llama.cpp's" +
-        " spinning threads most.");
+        " spinning threads most. On a 2-core machine node-llama-cpp's generation is slower with 2 threads than with" +
+        " 1 (node's event loop competes with ggml's spinning threads): see bench/README.md.");
     if (distPath && fs.existsSync(distPath)) {
         const d = JSON.parse(fs.readFileSync(distPath, "utf8"));
         console.log("\nTeacher-forced distribution check (max over positions of max|dlogp| / spread of llama.cpp's logp):");
