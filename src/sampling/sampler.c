@@ -25,6 +25,7 @@
 #include <math.h>
 
 #include "base/base.h"
+#include "base/rng.h"
 
 typedef struct {
     int32_t id;
@@ -40,37 +41,8 @@ struct sb_sampler {
     int32_t n_recent;    /* tokens in the ring, <= repeat_last_n */
     int32_t recent_next; /* slot the next accepted token overwrites */
     int32_t *counts;     /* (n_vocab) occurrences of each token in the ring; NULL if no penalty */
-    uint64_t rng[4];     /* xoshiro256** state */
+    sb_rng rng;          /* seeded once; one draw per sampled token */
 };
-
-/* ---- random numbers ---------------------------------------------------- */
-
-/* splitmix64 spreads one 64-bit seed over the generator's 256-bit state, so
- * that nearby seeds (0, 1, 2...) still start far apart. */
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += UINT64_C(0x9e3779b97f4a7c15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-/* xoshiro256** (Blackman & Vigna, 2018). */
-static uint64_t rng_next(uint64_t s[4]) {
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
-/* Uniform in [0, 1) with the 53 bits a double holds. */
-static double rng_uniform(uint64_t s[4]) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
 
 /* ---- parameters -------------------------------------------------------- */
 
@@ -149,9 +121,7 @@ sb_status sb_sampler_create(const sb_sampler_params *params, int32_t n_vocab, sb
         sb_sampler_free(s);
         return sb_fail(err, SB_ERR_NOMEM, "sampler: out of memory for a vocabulary of %d tokens", (int)n_vocab);
     }
-    uint64_t seed = p.seed;
-    for (size_t i = 0; i < SB_ARRAY_LEN(s->rng); i++)
-        s->rng[i] = splitmix64(&seed);
+    sb_rng_seed(&s->rng, p.seed);
     *out = s;
     return SB_OK;
 }
@@ -376,7 +346,7 @@ static int32_t draw(sb_sampler_t *s, candidate *c, size_t n, float max) {
         c[i].logit = expf((c[i].logit - max) / temperature);
         total += c[i].logit;
     }
-    const double u = rng_uniform(s->rng) * total;
+    const double u = sb_rng_uniform(&s->rng) * total;
     /* Summing in the same order as total reaches u before the end unless
      * rounding pushed u up to total; then the last weighted candidate wins. */
     double cum = 0.0;

@@ -145,16 +145,6 @@ static const kfmt fmt_q6_K = {
 
 /* ---- reading and writing blocks ---------------------------------------- */
 
-static float get_f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof(h));
-    return sb_fp16_to_fp32(h);
-}
-
-static void put_f16(uint8_t *p, float v) {
-    uint16_t h = sb_fp32_to_fp16(v);
-    memcpy(p, &h, sizeof(h));
-}
 
 /* Loops over the elements e of a block with the byte and shift of their
  * bits in plane p (see plane), chunk by chunk, run by run, so that no
@@ -239,8 +229,8 @@ static void unpack_scales(const kfmt *f, const uint8_t *blk, int sc[NSUB_MAX], i
  * x = dl * (q - bias) - ml, as ggml computes them (dl = d*sc, ml = dmin*m). */
 static void block_scales(const kfmt *f, const uint8_t *blk, float dl[NSUB_MAX], float ml[NSUB_MAX]) {
     int sc[NSUB_MAX], m[NSUB_MAX];
-    const float d = get_f16(blk + f->off_d);
-    const float dmin = f->off_dmin >= 0 ? get_f16(blk + f->off_dmin) : 0.0f;
+    const float d = sb__get_f16(blk + f->off_d);
+    const float dmin = f->off_dmin >= 0 ? sb__get_f16(blk + f->off_dmin) : 0.0f;
     unpack_scales(f, blk, sc, m);
     for (int j = 0; j < SB_QK_K / f->sub; j++) {
         dl[j] = d * (float)sc[j];
@@ -510,8 +500,8 @@ static bool encode_scales(const kfmt *f, uint8_t *blk, const float *scales, cons
         const float imin = max_min > 0 ? 15.0f / max_min : 0.0f;
         for (int j = 0; j < nsub; j++)
             s[j] = (uint8_t)((unsigned)nearest_int(iscale * scales[j]) | (unsigned)nearest_int(imin * mins[j]) << 4);
-        put_f16(blk + f->off_d, max_scale > 0 ? max_scale / 15.0f : 0.0f);
-        put_f16(blk + f->off_dmin, max_min > 0 ? max_min / 15.0f : 0.0f);
+        sb__put_f16(blk + f->off_d, max_scale > 0 ? max_scale / 15.0f : 0.0f);
+        sb__put_f16(blk + f->off_dmin, max_min > 0 ? max_min / 15.0f : 0.0f);
         return true;
     }
     case SCALES_K4: {
@@ -529,13 +519,13 @@ static bool encode_scales(const kfmt *f, uint8_t *blk, const float *scales, cons
                 s[j] |= (uint8_t)((lm >> 4) << 6);
             }
         }
-        put_f16(blk + f->off_d, max_scale / 63.0f);
-        put_f16(blk + f->off_dmin, max_min / 63.0f);
+        sb__put_f16(blk + f->off_d, max_scale / 63.0f);
+        sb__put_f16(blk + f->off_dmin, max_min / 63.0f);
         return true;
     }
     case SCALES_Q3: {
         if (max_scale == 0) {
-            put_f16(blk + f->off_d, 0.0f);
+            sb__put_f16(blk + f->off_d, 0.0f);
             return true;
         }
         const float iscale = -32.0f / max_scale;
@@ -548,14 +538,14 @@ static bool encode_scales(const kfmt *f, uint8_t *blk, const float *scales, cons
                 s[j - 8] |= (uint8_t)((l & 0xf) << 4);
             s[8 + j % 4] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
         }
-        put_f16(blk + f->off_d, 1 / iscale);
+        sb__put_f16(blk + f->off_d, 1 / iscale);
         return true;
     }
     case SCALES_Q6: {
         if (amax < GROUP_MAX_EPS)
             return false;
         const float iscale = -128.0f / max_scale;
-        put_f16(blk + f->off_d, 1 / iscale);
+        sb__put_f16(blk + f->off_d, 1 / iscale);
         for (int j = 0; j < nsub; j++)
             s[j] = (uint8_t)(int8_t)SB_MIN(127, nearest_int(iscale * scales[j]));
         return true;
@@ -719,8 +709,8 @@ static float dot_k(const kfmt *f, int64_t n, const void *w, const void *x) {
     int sc[NSUB_MAX], m[NSUB_MAX];
     int32_t lane[8], g[8];
     for (int64_t b = 0; b < n / SB_QK_K; b++, wb += f->size, xb++) {
-        const float D = xb->d * get_f16(wb + f->off_d);
-        const float Dmin = f->off_dmin >= 0 ? -xb->d * get_f16(wb + f->off_dmin) : 0.0f;
+        const float D = xb->d * sb__get_f16(wb + f->off_d);
+        const float Dmin = f->off_dmin >= 0 ? -xb->d * sb__get_f16(wb + f->off_dmin) : 0.0f;
         unpack_scales(f, wb, sc, m);
         unpack_quants(f, wb, q);
 

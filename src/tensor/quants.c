@@ -31,22 +31,11 @@ const sb__qfmt sb__qfmt_q8_1 = {sizeof(sb_block_q8_1), 8, 0, offsetof(sb_block_q
 
 /* ---- reading and writing block fields ---------------------------------- */
 
-/* Block scales are F16; the second F16 (min or sum) follows d. */
-static float get_f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof(h));
-    return sb_fp16_to_fp32(h);
-}
-
-static void put_f16(uint8_t *p, float v) {
-    uint16_t h = sb_fp32_to_fp16(v);
-    memcpy(p, &h, sizeof(h));
-}
 
 void sb__block_unpack(const sb__qfmt *f, const uint8_t *blk, int8_t q[SB_QK], float *d, float *m) {
     const uint8_t *qs = blk + f->off_qs;
-    *d = get_f16(blk);
-    *m = f->has_min || f->has_sum ? get_f16(blk + 2) : 0.0f;
+    *d = sb__get_f16(blk);
+    *m = f->has_min || f->has_sum ? sb__get_f16(blk + 2) : 0.0f;
     if (f->bits == 8) {
         memcpy(q, qs, SB_QK);
         return;
@@ -123,7 +112,7 @@ static void quantize_small(const sb__qfmt *f, const float *src, void *dst, int64
             }
             d = (max - min) / (float)top;
             offset = 0.5f;
-            put_f16(blk + 2, min);
+            sb__put_f16(blk + 2, min);
         } else {
             float amax = 0.0f, max = 0.0f;
             for (int e = 0; e < SB_QK; e++) {
@@ -136,7 +125,7 @@ static void quantize_small(const sb__qfmt *f, const float *src, void *dst, int64
             offset = (float)f->bias + 0.5f;
         }
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        put_f16(blk, d);
+        sb__put_f16(blk, d);
         for (int e = 0; e < SB_QK; e++)
             q[e] = (uint8_t)SB_MIN(top, (int)((src[e] - min) * id + offset));
         block_pack(f, blk, q);
@@ -187,9 +176,9 @@ static void quantize_q8(const sb__qfmt *f, q8_rounding mode, const float *src, v
             qs[e] = (int8_t)(r >= -128.0f && r <= 127.0f ? r : 0.0f);
             sum += qs[e];
         }
-        put_f16(blk, d);
+        sb__put_f16(blk, d);
         if (f->has_sum)
-            put_f16(blk + 2, (float)sum * d);
+            sb__put_f16(blk + 2, (float)sum * d);
     }
 }
 

@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "tensor/tensor.h"
 
@@ -27,6 +28,18 @@
 #elif defined(__GNUC__)
 #pragma GCC optimize("fp-contract=off")
 #endif
+
+/* Block scales are F16 bit patterns at unaligned offsets. */
+static inline float sb__get_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof(h));
+    return sb_fp16_to_fp32(h);
+}
+
+static inline void sb__put_f16(uint8_t *p, float v) {
+    uint16_t h = sb_fp32_to_fp16(v);
+    memcpy(p, &h, sizeof(h));
+}
 
 /* Where the fields of a 32-element block format sit. Every such block starts
  * with the F16 scale d; element e's quant has its low bits in qs (elements
