@@ -12,8 +12,14 @@
  * tokens): GFLOP/s, 2*n_in*n_out*n_tok per call; the scalar level runs on
  * fewer rows to keep it short. Outputs are checked against the scalar level
  * on the way.
+ *
+ * Environment: SB_BENCH_CPUTIME=1 times with this thread's CPU time (steadier
+ * on a shared machine); SB_BENCH_PROMPT=1 runs the prompt figure only;
+ * SB_BENCH_CHUNK=rows makes the prompt calls that many rows each, like
+ * matmul's chunks (default: all rows in one call).
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,7 +67,11 @@ int main(int argc, char **argv) {
     const int64_t n = argc > 1 ? atoll(argv[1]) : 2048;
     const int64_t nr = argc > 2 ? atoll(argv[2]) : 5632;
     const int64_t nt = argc > 3 ? atoll(argv[3]) : 512;
-    const size_t cold_bytes = (size_t)1 << 30;
+    /* SB_BENCH_PROMPT=1: the prompt figure only (no decode runs, no cold copies). */
+    const bool prompt_only = getenv("SB_BENCH_PROMPT") && atoi(getenv("SB_BENCH_PROMPT")) == 1;
+    /* SB_BENCH_CHUNK=rows: prompt calls of that many rows each, as matmul's chunks (default: all rows at once). */
+    const int64_t chunk = getenv("SB_BENCH_CHUNK") && atoll(getenv("SB_BENCH_CHUNK")) > 0 ? atoll(getenv("SB_BENCH_CHUNK")) : nr;
+    const size_t cold_bytes = prompt_only ? 0 : (size_t)1 << 30;
     printf("gemm kernels, one thread, n_in=%lld n_out=%lld, prompt n_tok=%lld\n", (long long)n, (long long)nr,
            (long long)nt);
     printf("%-7s %-6s %12s %12s %14s\n", "level", "type", "decode hot", "decode cold", "prompt");
@@ -103,9 +113,12 @@ int main(int argc, char **argv) {
             double hot = 0, cold = 0, gflops = 0;
             const int64_t pr = lv == SB_CPU_SCALAR ? (nr < 64 ? nr : 64) : nr; /* prompt rows */
             for (int run = 0; run < 5; run++) {
-                /* Decode, hot: the same matrix again and again. */
                 int reps = 0;
-                double t0 = now(), el;
+                double t0, el;
+                if (prompt_only)
+                    goto prompt;
+                /* Decode, hot: the same matrix again and again. */
+                t0 = now();
                 do {
                     g(n, w, ws, nr, x, xs, 1, y, (size_t)nr);
                     reps++;
@@ -119,11 +132,13 @@ int main(int argc, char **argv) {
                     reps++;
                 } while ((el = now() - t0) < 0.2);
                 cold = fmax(cold, (double)mat * reps / el * 1e-9);
+            prompt:
                 /* Prompt: nt tokens at once. */
                 reps = 0;
                 t0 = now();
                 do {
-                    g(n, w, ws, pr, x, xs, nt, y, (size_t)pr);
+                    for (int64_t r0 = 0; r0 < pr; r0 += chunk)
+                        g(n, w + (size_t)r0 * ws, ws, pr - r0 < chunk ? pr - r0 : chunk, x, xs, nt, y + r0, (size_t)pr);
                     reps++;
                 } while ((el = now() - t0) < 0.2);
                 gflops = fmax(gflops, 2.0 * (double)n * (double)pr * (double)nt * reps / el * 1e-9);

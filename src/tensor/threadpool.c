@@ -9,11 +9,19 @@
  * anywhere in between can never run a chunk of a later loop with an earlier
  * loop's function, or the reverse. The caller waits for the `done` count to
  * reach n_chunks, after which the loop's memory may be reused.
+ *
+ * When another process takes a core, a worker that shares it runs its
+ * chunks at a fraction of the speed and the caller ends every loop waiting
+ * for it. When the caller spends much of its time waiting, the pool runs
+ * the next loops on the caller alone (one thread at full speed beats two
+ * that take turns with a neighbour), then tries its workers again. Results
+ * never depend on how many threads ran a loop.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/base.h"
 #include "tensor/threadpool.h"
@@ -29,6 +37,13 @@
  * the gap between the loops of one forward step, short enough that an idle
  * pool stops taking CPU from others within tens of microseconds. */
 #define SPIN_ITERATIONS 20000
+
+/* Every WINDOW parallel loops the caller checks how much of their time it
+ * spent waiting for other threads' chunks; above a fifth (a quiet machine
+ * waits for about half a chunk, a few percent) the next SOLO_LOOPS loops,
+ * a few tokens' worth, run on the caller alone. */
+#define WINDOW 64
+#define SOLO_LOOPS 2048
 
 typedef struct worker {
     sb_threadpool *tp;
@@ -51,7 +66,18 @@ struct sb_threadpool {
     atomic_bool stop;
     pthread_mutex_t lock;
     pthread_cond_t wake;
+
+    /* Caller-side only: the straggler detector. */
+    int window_loops;
+    int64_t window_wait_ns, window_total_ns;
+    int solo_loops;
 };
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 /* Claims and runs chunks of loop `gen` until none is left. */
 static void run_chunks(sb_threadpool *tp, uint32_t gen, sb_chunk_fn fn, void *arg, int64_t n_chunks, int ith) {
@@ -170,13 +196,26 @@ int sb_threadpool_n_threads(const sb_threadpool *tp) { return tp ? tp->n_threads
 void sb_threadpool_for(sb_threadpool *tp, int64_t n_chunks, sb_chunk_fn fn, void *arg) {
     if (n_chunks <= 0)
         return;
-    if (!tp || tp->n_threads == 1 || n_chunks == 1) {
+    if (!tp || tp->n_threads == 1 || n_chunks == 1 || tp->solo_loops > 0) {
+        if (tp && tp->solo_loops > 0)
+            tp->solo_loops--;
         for (int64_t c = 0; c < n_chunks; c++)
             fn(arg, c, 0);
         return;
     }
+    int64_t t0 = now_ns();
     uint32_t gen = publish(tp, fn, arg, n_chunks);
     run_chunks(tp, gen, fn, arg, n_chunks, 0);
+    int64_t t1 = now_ns();
     while (atomic_load_explicit(&tp->done, memory_order_acquire) < n_chunks)
         cpu_relax();
+    int64_t t2 = now_ns();
+    tp->window_wait_ns += t2 - t1;
+    tp->window_total_ns += t2 - t0;
+    if (++tp->window_loops == WINDOW) {
+        if (tp->window_wait_ns * 5 > tp->window_total_ns)
+            tp->solo_loops = SOLO_LOOPS;
+        tp->window_loops = 0;
+        tp->window_wait_ns = tp->window_total_ns = 0;
+    }
 }

@@ -2,8 +2,8 @@
  * test_kernels.c - the kernel dispatch table: every ISA level this CPU runs
  * must give the scalar level's bytes (memcmp, not a tolerance) for every
  * gemm weight type and activation conversion, on random data with extreme
- * scales, zero blocks and rounding ties, odd sizes and odd strides; and
- * SB_CPU must cap the level chosen.
+ * scales, zero blocks and rounding ties, odd sizes, odd strides and every
+ * tile shape of the prompt paths; and SB_CPU must cap the level chosen.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -195,6 +195,35 @@ static void test_gemm_matches_scalar(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* Every tile shape and remainder of the prompt paths (AVX-512: 8-row tiles
+ * of token pairs for the block formats, 4 x 6 tiles for F16/BF16, token
+ * groups and row blocks): each nt from 1 to 40 with each nr from 1 to 17,
+ * on short rows; a few long rows (several token groups and row blocks,
+ * several sweeps of the float lanes, a float tail) on top. */
+static void test_gemm_tile_shapes(void **state) {
+    (void)state;
+    const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
+    int failures = 0;
+    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
+        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
+        if (!k)
+            continue;
+        for (size_t ti = 0; ti < sizeof(weight_types) / sizeof(weight_types[0]); ti++) {
+            const sb_type type = weight_types[ti];
+            if (type == SB_TYPE_F32)
+                continue; /* no prompt path of its own */
+            const bool is_float = sb_type_traits_of(type)->blck_size == 1;
+            for (int64_t nt = 1; nt <= 40; nt++)
+                for (int64_t nr = 1; nr <= 17; nr++)
+                    failures += !check_gemm(k, ref, type, is_float ? 70 : 64, nr, nt);
+            failures += !check_gemm(k, ref, type, 4096, 24, 37);
+            failures += !check_gemm(k, ref, type, is_float ? 1090 : 1088, 9, 40);
+            failures += !check_gemm(k, ref, type, 16384, 17, 5); /* one 8-row tile per block of rows */
+        }
+    }
+    assert_int_equal(failures, 0);
+}
+
 /* The scalar level's gemm is vec_dot per output. */
 static void test_scalar_gemm_is_vec_dot(void **state) {
     (void)state;
@@ -375,6 +404,7 @@ int main(void) {
         cmocka_unit_test(test_scalar_gemm_is_vec_dot),
         cmocka_unit_test(test_act_matches_scalar),
         cmocka_unit_test(test_gemm_matches_scalar),
+        cmocka_unit_test(test_gemm_tile_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

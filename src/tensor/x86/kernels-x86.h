@@ -23,13 +23,19 @@
  * Tiles are written once as always-inline functions of (format, R, T) and
  * instantiated with constants, so each instance keeps its accumulators in
  * registers.
+ *
+ * With many tokens the AVX-512 level takes other paths (qg_gemm for the
+ * block formats, fg_gemm for F16/BF16) that repack or convert operands into
+ * per-thread scratch first; same lanes, same operations, same bytes.
  */
 #ifndef SBX_AVX512
 #error "include from kernels-avx2.c or kernels-avx512.c"
 #endif
 
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tensor/kquants.h"
@@ -57,6 +63,8 @@
 #define FTM 4
 #define FRV 4
 #define FACC 16 /* float accumulators a tile may hold */
+#define FGR 4   /* F16/BF16 with many tokens (fg_gemm): rows x tokens */
+#define FGT 6
 #define VW 16   /* floats per vector in the float kernels */
 #else
 #define SBX_FILL sb__kernels_fill_avx2
@@ -67,9 +75,14 @@
 #define FTM 4
 #define FRV 1
 #define FACC 8
+#define FGR 1
+#define FGT 1
 #define VW 8
 #endif
 #define FP (64 / VW) /* vectors per 64-lane float accumulator */
+#ifndef FKB
+#define FKB 512 /* elements per sweep of a multi-sweep float tile (a multiple of 64) */
+#endif
 
 /* The formats, as compile-time constants of the tile functions. */
 typedef enum { F_F32, F_F16, F_BF16, F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0 } fmt;
@@ -128,6 +141,7 @@ SBX_ALWAYS vf vf_load(fmt f, const uint8_t *p) {
 #define vf_zero _mm512_setzero_ps
 #define vf_fma _mm512_fmadd_ps
 #define vf_store _mm512_store_ps
+#define vf_loada _mm512_load_ps
 #else
 typedef __m256 vf;
 SBX_ALWAYS vf vf_load(fmt f, const uint8_t *p) {
@@ -140,12 +154,13 @@ SBX_ALWAYS vf vf_load(fmt f, const uint8_t *p) {
 #define vf_zero _mm256_setzero_ps
 #define vf_fma _mm256_fmadd_ps
 #define vf_store _mm256_store_ps
+#define vf_loada _mm256_load_ps
 #endif
 
 /* The reference's end of a float dot: the 64 lanes in a[] (accumulator j =
  * a[16j..16j+15]) combined as 0+=2, 1+=3, 0+=1, halved 16->8->4->2->1, then
  * the n - nc leftover products added in double. */
-SBX_ALWAYS float f_finish(fmt f, const float *a, int64_t n, int64_t nc, const uint8_t *w, const uint8_t *x) {
+SBX_ALWAYS float f_finish(fmt f, fmt fx, const float *a, int64_t n, int64_t nc, const uint8_t *w, const uint8_t *x) {
     __m256 u[8];
     for (int k = 0; k < 8; k++)
         u[k] = _mm256_load_ps(a + 8 * k);
@@ -163,7 +178,7 @@ SBX_ALWAYS float f_finish(fmt f, const float *a, int64_t n, int64_t nc, const ui
         return s;
     double sum = s;
     for (int64_t i = nc; i < n; i++)
-        sum += (double)(f_get(f, w, i) * f_get(f, x, i));
+        sum += (double)(f_get(f, w, i) * f_get(fx, x, i));
     return (float)sum;
 }
 
@@ -175,39 +190,52 @@ SBX_ALWAYS int f_passes(int rt) {
     return FP * rt <= FACC ? FP : FP / 2 * rt <= FACC ? FP / 2 : FP / 4 * rt <= FACC ? FP / 4 : 1;
 }
 
-SBX_ALWAYS void f_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
-                       float *y, size_t ldy) {
+/* fx: the format of the activations, f's own, or F32 (fg_gemm's converted copy). */
+SBX_ALWAYS void f_tile(fmt f, fmt fx, int R, int T, int64_t n, const uint8_t *w, size_t ws, const uint8_t *x,
+                       size_t xs, float *y, size_t ldy) {
+    enum { RMX = FRV > FRM ? (FRV > FGR ? FRV : FGR) : (FRM > FGR ? FRM : FGR), TMX = FTM > FGT ? FTM : FGT };
     const int64_t nc = n - n % 64;
-    const size_t es = f_esize(f);
+    const size_t es = f_esize(f), xes = f_esize(fx);
     const int ps = f_passes(R * T);
-    _Alignas(64) float lanes[FRM > FRV ? FRM * FTM : FRV * FTM][64];
-    for (int p0 = 0; p0 < FP; p0 += ps) {
-        vf acc[FRV > FRM ? FRV : FRM][FTM][FP];
-        SBX_UNROLL for (int r = 0; r < R; r++)
-            SBX_UNROLL for (int t = 0; t < T; t++)
-                SBX_UNROLL for (int q = 0; q < ps; q++)
-                    acc[r][t][q] = vf_zero();
-        for (int64_t i = 0; i < nc; i += 64) {
-            SBX_UNROLL for (int q = 0; q < ps; q++) {
-                const size_t off = (size_t)(i + (p0 + q) * VW) * es;
-                vf wv[FRV > FRM ? FRV : FRM];
+    /* A tile that sweeps its rows several times does so FKB elements at a
+     * time, so that the sweeps find them in L1; the accumulators wait in
+     * lanes[] meanwhile. */
+    const int64_t nk = ps < FP && nc > FKB ? (nc + FKB - 1) / FKB : 1;
+    _Alignas(64) float lanes[RMX * TMX][64];
+    for (int64_t kb = 0; kb < nk; kb++) {
+        const int64_t k0 = kb * FKB, k1 = nk == 1 || nc - k0 < FKB ? nc : k0 + FKB;
+        for (int p0 = 0; p0 < FP; p0 += ps) {
+            vf acc[RMX][TMX][FP];
+            SBX_UNROLL for (int r = 0; r < R; r++)
+                SBX_UNROLL for (int t = 0; t < T; t++)
+                    SBX_UNROLL for (int q = 0; q < ps; q++)
+                        acc[r][t][q] = vf_zero();
+            if (kb > 0)
                 SBX_UNROLL for (int r = 0; r < R; r++)
-                    wv[r] = vf_load(f, w + r * ws + off);
-                SBX_UNROLL for (int t = 0; t < T; t++) {
-                    const vf xv = vf_load(f, x + t * xs + off);
+                    SBX_UNROLL for (int t = 0; t < T; t++)
+                        SBX_UNROLL for (int q = 0; q < ps; q++)
+                            acc[r][t][q] = vf_loada(lanes[r * T + t] + (p0 + q) * VW);
+            for (int64_t i = k0; i < k1; i += 64) {
+                SBX_UNROLL for (int q = 0; q < ps; q++) {
+                    vf wv[RMX];
                     SBX_UNROLL for (int r = 0; r < R; r++)
-                        acc[r][t][q] = vf_fma(wv[r], xv, acc[r][t][q]);
+                        wv[r] = vf_load(f, w + r * ws + (size_t)(i + (p0 + q) * VW) * es);
+                    SBX_UNROLL for (int t = 0; t < T; t++) {
+                        const vf xv = vf_load(fx, x + t * xs + (size_t)(i + (p0 + q) * VW) * xes);
+                        SBX_UNROLL for (int r = 0; r < R; r++)
+                            acc[r][t][q] = vf_fma(wv[r], xv, acc[r][t][q]);
+                    }
                 }
             }
+            SBX_UNROLL for (int r = 0; r < R; r++)
+                SBX_UNROLL for (int t = 0; t < T; t++)
+                    SBX_UNROLL for (int q = 0; q < ps; q++)
+                        vf_store(lanes[r * T + t] + (p0 + q) * VW, acc[r][t][q]);
         }
-        SBX_UNROLL for (int r = 0; r < R; r++)
-            SBX_UNROLL for (int t = 0; t < T; t++)
-                SBX_UNROLL for (int q = 0; q < ps; q++)
-                    vf_store(lanes[r * T + t] + (p0 + q) * VW, acc[r][t][q]);
     }
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++)
-            y[(size_t)t * ldy + (size_t)r] = f_finish(f, lanes[r * T + t], n, nc, w + r * ws, x + t * xs);
+            y[(size_t)t * ldy + (size_t)r] = f_finish(f, fx, lanes[r * T + t], n, nc, w + r * ws, x + t * xs);
 }
 
 /* ==== block formats ===================================================== */
@@ -372,12 +400,315 @@ SBX_ALWAYS void q_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t 
     }
 }
 
+/* ==== AVX-512 prompt gemm of the block formats ========================== */
+
+#if SBX_AVX512
+/* Many tokens (nt >= QG_MIN_NT): the float work the reference prescribes per
+ * (row, token) pair and block - one scale product d_w*d_x, and per lane a
+ * conversion and an fma - bounds the speed, so each zmm operation serves 16
+ * (pair, lane) slots: slot 4m + 2i + j holds row m of a quad of rows, lane
+ * 2h + i of a lane pair h (0..3), token j of a token pair. A tile is 8 rows
+ * (2 quads) x 4 tokens (2 pairs), 16 accumulators, the 8 weight vectors of
+ * a block held in registers for the 4 tokens.
+ *
+ * Both operands are repacked once per call into per-thread scratch (the
+ * GGUF bytes stay as they are):
+ *   - weights, per tile and block: for each quad q and lane pair h a zmm of
+ *     the rows' unsigned quant bytes (as the decode path makes them) laid
+ *     out as above, each row-lane twice (j = 0, 1); then per quad the rows'
+ *     d_w (and m_w) as floats, 4 times each;
+ *   - activations, per token pair and block: 64 bytes of quants, lane l of
+ *     token j at 8l + 4j, so the 16 bytes at 16h are a lane pair's, ready
+ *     for a 128-bit broadcast; likewise the int32 starting value of each
+ *     lane sum, QG_MAGIC - bias * (sum of the lane's 4 quants); the two
+ *     d_x (and s_x) as floats.
+ * The lane loop is then two 16-byte broadcast loads per token pair and lane
+ * pair, and per quad a vpdpbusd and two float operations. The starting
+ * value carries the bias correction (exact, as on the decode path) and
+ * 0x4b400000, the float 1.5*2^23: the int32 result is that float plus the
+ * lane sum (|sum| < 2^22), and subtracting 1.5*2^23 gives exactly
+ * (float)sum, on either vector port (vcvtdq2ps would add a uop). */
+#define QG_MAGIC 0x4b400000
+#define QG_MIN_NT 4 /* fewer tokens: the tiles above (repacking costs more than it saves) */
+#define QG_XGROUP (192 * 1024) /* bytes of packed activations per token group (L2-resident) */
+#define QG_WBLOCK (512 * 1024) /* bytes of packed weights per block of rows (L2-resident) */
+
+SBX_ALWAYS size_t qg_wbytes(fmt f) { return 8 * 64 + 2 * 64 + (has_min(f) ? 2 * 64 : 0); } /* per block, tile */
+enum { QG_XB = 8 * 8 + 8 * 8 + 8 + 8 };                                                 /* per block, pair */
+
+/* Per-thread scratch: a weight area and an activation area, grown on
+ * demand, freed when the thread exits. */
+typedef struct {
+    uint8_t *p[2];
+    size_t cap[2];
+} qg_scratch;
+static pthread_key_t qg_key;
+static pthread_once_t qg_once = PTHREAD_ONCE_INIT;
+static bool qg_key_ok;
+
+static void qg_scratch_free(void *v) {
+    qg_scratch *s = v;
+    free(s->p[0]);
+    free(s->p[1]);
+    free(s);
+}
+static void qg_key_init(void) { qg_key_ok = pthread_key_create(&qg_key, qg_scratch_free) == 0; }
+
+/* Area i of at least `bytes` bytes, 64-aligned; NULL if out of memory. */
+static uint8_t *qg_area(int i, size_t bytes) {
+    pthread_once(&qg_once, qg_key_init);
+    if (!qg_key_ok)
+        return NULL;
+    qg_scratch *s = pthread_getspecific(qg_key);
+    if (!s) {
+        s = calloc(1, sizeof(*s));
+        if (!s || pthread_setspecific(qg_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->cap[i] < bytes) {
+        const size_t cap = (bytes + bytes / 4 + 63) / 64 * 64;
+        free(s->p[i]);
+        s->p[i] = aligned_alloc(64, cap);
+        s->cap[i] = s->p[i] ? cap : 0;
+    }
+    return s->p[i];
+}
+
+/* One tile of `rows` (1..8) weight rows, all nb blocks, into dst. Rows past
+ * `rows` repeat the last one (their results are not stored). */
+SBX_ALWAYS void qg_pack_w(fmt f, const uint8_t *w, size_t ws, int rows, int64_t nb, uint8_t *dst) {
+    const size_t wsz = q_wsize(f), wb = qg_wbytes(f);
+    const uint8_t *rp[8];
+    for (int k = 0; k < 8; k++)
+        rp[k] = w + (size_t)(k < rows ? k : rows - 1) * ws;
+    /* From [row 0 | row 1] and [row 2 | row 3] (dwords 0-15, 16-31): slot
+     * 4m+2i+j takes row m's lane 2h+i, dword 8m + 2h + i. */
+    const __m512i ia = _mm512_setr_epi32(0, 0, 1, 1, 8, 8, 9, 9, 16, 16, 17, 17, 24, 24, 25, 25);
+    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int64_t b = 0; b < nb; b++, dst += wb) {
+        __m256i q[8];
+        uint16_t d[8], m[8];
+        for (int k = 0; k < 8; k++) {
+            const uint8_t *blk = rp[k] + (size_t)b * wsz;
+            q[k] = w_decode(f, blk).q;
+            d[k] = load_u16(blk);
+            m[k] = has_min(f) ? load_u16(blk + 2) : 0;
+        }
+        const __m512 d8 = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d)));
+        const __m512 m8 = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)m)));
+        for (int qd = 0; qd < 2; qd++) {
+            const __m512i lo = _mm512_inserti64x4(_mm512_castsi256_si512(q[4 * qd]), q[4 * qd + 1], 1);
+            const __m512i hi = _mm512_inserti64x4(_mm512_castsi256_si512(q[4 * qd + 2]), q[4 * qd + 3], 1);
+            for (int h = 0; h < 4; h++)
+                _mm512_store_si512((__m512i *)(dst + 64 * (4 * qd + h)),
+                                   _mm512_permutex2var_epi32(lo, _mm512_add_epi32(ia, _mm512_set1_epi32(2 * h)), hi));
+            const __m512i iq = _mm512_add_epi32(quad, _mm512_set1_epi32(4 * qd));
+            _mm512_store_ps(dst + 512 + 64 * qd, _mm512_permutexvar_ps(iq, d8));
+            if (has_min(f))
+                _mm512_store_ps(dst + 640 + 64 * qd, _mm512_permutexvar_ps(iq, m8));
+        }
+    }
+}
+
+/* Tokens x0 and x1 (maybe the same), all nb blocks, into dst. */
+SBX_ALWAYS void qg_pack_x(fmt f, const uint8_t *x0, const uint8_t *x1, int64_t nb, uint8_t *dst) {
+    const size_t xsz = q_xsize(f), qo = has_min(f) ? 4 : 2;
+    const int bias = q_bias(f);
+    const __m512i il = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    for (int64_t b = 0; b < nb; b++, dst += QG_XB, x0 += xsz, x1 += xsz) {
+        const __m512i v = _mm512_permutex2var_epi32(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x0 + qo))), il,
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x1 + qo))));
+        _mm512_storeu_si512((__m512i *)dst, v);
+        if (bias)
+            _mm512_storeu_si512((__m512i *)(dst + 64),
+                                _mm512_sub_epi32(_mm512_set1_epi32(QG_MAGIC),
+                                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                                                     _mm512_set1_epi8((char)bias), v)));
+        const float s[4] = {_cvtsh_ss(load_u16(x0)), _cvtsh_ss(load_u16(x1)),
+                            has_min(f) ? _cvtsh_ss(load_u16(x0 + 2)) : 0.0f,
+                            has_min(f) ? _cvtsh_ss(load_u16(x1 + 2)) : 0.0f};
+        memcpy(dst + 128, s, sizeof(s));
+    }
+}
+
+SBX_ALWAYS __m512i bcast16(const uint8_t *p) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p));
+}
+SBX_ALWAYS __m512 bcast8f(const uint8_t *p) {
+    double v;
+    memcpy(&v, p, sizeof(v));
+    return _mm512_castpd_ps(_mm512_set1_pd(v));
+}
+
+/* P token pairs (xp, xp + xps, ...) with one packed weight tile; out[p][q]
+ * slot 4m+j = the result of row 4q+m, token j of pair p. */
+SBX_ALWAYS void qg_tile(fmt f, int P, int64_t nb, const uint8_t *wt, const uint8_t *xp, size_t xps,
+                        __m512 out[2][2]) {
+    const size_t wb = qg_wbytes(f);
+    const __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32(QG_MAGIC));
+    __m512 acc[2][2][4], mins[2][2];
+    SBX_UNROLL for (int p = 0; p < P; p++)
+        SBX_UNROLL for (int q = 0; q < 2; q++) {
+            mins[p][q] = _mm512_setzero_ps();
+            SBX_UNROLL for (int h = 0; h < 4; h++)
+                acc[p][q][h] = _mm512_setzero_ps();
+        }
+    for (int64_t b = 0; b < nb; b++, wt += wb, xp += QG_XB) {
+        __m512i wq[2][4];
+        SBX_UNROLL for (int q = 0; q < 2; q++)
+            SBX_UNROLL for (int h = 0; h < 4; h++) {
+                wq[q][h] = _mm512_load_si512((const __m512i *)(wt + 64 * (4 * q + h)));
+                /* keeps them in registers for the P pairs (else gcc reloads) */
+                __asm__("" : "+v"(wq[q][h]));
+            }
+        SBX_UNROLL for (int p = 0; p < P; p++) {
+            const uint8_t *xb = xp + p * xps;
+            const __m512 dx = bcast8f(xb + 128);
+            __m512 d[2];
+            SBX_UNROLL for (int q = 0; q < 2; q++)
+                d[q] = _mm512_mul_ps(_mm512_load_ps(wt + 512 + 64 * q), dx);
+            SBX_UNROLL for (int h = 0; h < 4; h++) {
+                const __m512i xv = bcast16(xb + 16 * h);
+                const __m512i c = q_bias(f) ? bcast16(xb + 64 + 16 * h) : _mm512_set1_epi32(QG_MAGIC);
+                SBX_UNROLL for (int q = 0; q < 2; q++) {
+                    const __m512i s = _mm512_dpbusd_epi32(c, wq[q][h], xv);
+                    acc[p][q][h] = _mm512_fmadd_ps(d[q], _mm512_sub_ps(_mm512_castsi512_ps(s), magic), acc[p][q][h]);
+                }
+            }
+            if (has_min(f)) {
+                const __m512 sx = bcast8f(xb + 136);
+                SBX_UNROLL for (int q = 0; q < 2; q++)
+                    mins[p][q] = _mm512_add_ps(mins[p][q], _mm512_mul_ps(_mm512_load_ps(wt + 640 + 64 * q), sx));
+            }
+        }
+    }
+    /* Slot i = 0 of lane pair h is lane 2h, i = 1 lane 2h+1: (h2 + h0) holds
+     * r0 = l4+l0 and r1 = l5+l1, (h3 + h1) r2 and r3; their sum (r0+r2) and
+     * (r1+r3), added across i. */
+    SBX_UNROLL for (int p = 0; p < P; p++)
+        SBX_UNROLL for (int q = 0; q < 2; q++) {
+            const __m512 u = _mm512_add_ps(acc[p][q][2], acc[p][q][0]), v = _mm512_add_ps(acc[p][q][3], acc[p][q][1]);
+            const __m512 s = _mm512_add_ps(u, v);
+            out[p][q] = _mm512_add_ps(_mm512_add_ps(s, _mm512_permute_ps(s, 0x4e)), mins[p][q]);
+        }
+}
+
+/* Slots 4m+j of v[q] -> y[(t+j)*ldy + 4q+m] for rows 4q+m < rows, j < toks. */
+SBX_ALWAYS void qg_store(const __m512 v[2], int rows, int toks, float *y, size_t ldy) {
+    _Alignas(64) float o[2][16];
+    _mm512_store_ps(o[0], v[0]);
+    _mm512_store_ps(o[1], v[1]);
+    for (int j = 0; j < toks; j++)
+        for (int k = 0; k < rows; k++)
+            y[(size_t)j * ldy + (size_t)k] = o[k / 4][4 * (k % 4) + j];
+}
+
+/* Rows in blocks whose packed weights stay in L2 (QG_WBLOCK bytes), each
+ * against all tokens, in groups whose packed activations stay there too
+ * (QG_XGROUP). Returns false (nothing done) if scratch could not be had. */
+SBX_ALWAYS bool qg_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t nr, const uint8_t *x, size_t xs,
+                        int64_t nt, float *y, size_t ldy) {
+    const int64_t nb = n / SB_QK, npairs = (nt + 1) / 2;
+    const size_t tile_bytes = (size_t)nb * qg_wbytes(f), pair_bytes = (size_t)nb * QG_XB;
+    int64_t group = (int64_t)(QG_XGROUP / pair_bytes); /* token pairs per group */
+    group = group < 2 ? 2 : group > npairs ? npairs : group;
+    int64_t tiles = (int64_t)(QG_WBLOCK / tile_bytes); /* row tiles per block */
+    tiles = tiles < 1 ? 1 : tiles > (nr + 7) / 8 ? (nr + 7) / 8 : tiles;
+    uint8_t *wsc = qg_area(0, tile_bytes * (size_t)tiles), *xsc = qg_area(1, pair_bytes * (size_t)group);
+    if (!wsc || !xsc)
+        return false;
+    for (int64_t r0 = 0; r0 < nr; r0 += 8 * tiles) {
+        const int64_t ntl = (nr - r0 + 7) / 8 < tiles ? (nr - r0 + 7) / 8 : tiles;
+        for (int64_t i = 0; i < ntl; i++) {
+            const int64_t r = r0 + 8 * i;
+            qg_pack_w(f, w + (size_t)r * ws, ws, nr - r < 8 ? (int)(nr - r) : 8, nb, wsc + (size_t)i * tile_bytes);
+        }
+        for (int64_t p0 = 0; p0 < npairs; p0 += group) {
+            const int64_t g = npairs - p0 < group ? npairs - p0 : group;
+            for (int64_t p = 0; p < g; p++) {
+                const int64_t t = 2 * (p0 + p);
+                qg_pack_x(f, x + (size_t)t * xs, x + (size_t)(t + 1 < nt ? t + 1 : t) * xs, nb,
+                          xsc + (size_t)p * pair_bytes);
+            }
+            for (int64_t i = 0; i < ntl; i++) {
+                const int64_t r = r0 + 8 * i;
+                const int rows = nr - r < 8 ? (int)(nr - r) : 8;
+                const uint8_t *wt = wsc + (size_t)i * tile_bytes;
+                for (int64_t p = 0; p < g;) {
+                    const int P = p + 2 <= g ? 2 : 1;
+                    __m512 out[2][2];
+                    if (P == 2)
+                        qg_tile(f, 2, nb, wt, xsc + (size_t)p * pair_bytes, pair_bytes, out);
+                    else
+                        qg_tile(f, 1, nb, wt, xsc + (size_t)p * pair_bytes, pair_bytes, out);
+                    for (int q = 0; q < P; q++) {
+                        const int64_t t = 2 * (p0 + p + q);
+                        qg_store(out[q], rows, nt - t < 2 ? 1 : 2, y + (size_t)t * ldy + (size_t)r, ldy);
+                    }
+                    p += P;
+                }
+            }
+        }
+    }
+    return true;
+}
+
+/* F16/BF16 weights with many tokens: the activations of a group of tokens
+ * are converted to F32 once (exact) into scratch, so that a tile of FGR rows
+ * x FGT tokens spends its vector work on the reference's fmas and on
+ * converting the weights, once per FGT tokens. Same lanes, same order. */
+#define FG_XGROUP (256 * 1024) /* bytes of converted activations per token group */
+SBX_ALWAYS bool fg_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t nr, const uint8_t *x, size_t xs,
+                        int64_t nt, float *y, size_t ldy) {
+    const size_t row = (size_t)n * sizeof(float);
+    int64_t group = (int64_t)(FG_XGROUP / row) / FGT * FGT;
+    group = group < FGT ? FGT : group > nt ? nt : group;
+    float *xf = (float *)qg_area(1, row * (size_t)group);
+    if (!xf)
+        return false;
+    for (int64_t t0 = 0; t0 < nt; t0 += group) {
+        const int64_t g = nt - t0 < group ? nt - t0 : group;
+        for (int64_t t = 0; t < g; t++) {
+            const uint8_t *src = x + (size_t)(t0 + t) * xs;
+            float *dst = xf + (size_t)t * (size_t)n;
+            int64_t i = 0;
+            for (; i + 16 <= n; i += 16)
+                _mm512_storeu_ps(dst + i, vf_load(f, src + 2 * i));
+            for (; i < n; i++)
+                dst[i] = f_get(f, src, i);
+        }
+        for (int64_t r = 0; r < nr;) {
+            const bool full_r = r + FGR <= nr;
+            for (int64_t t = 0; t < g;) {
+                const bool full_t = t + FGT <= g;
+                const uint8_t *wr = w + r * ws, *xt = (const uint8_t *)(xf + (size_t)t * (size_t)n);
+                float *yt = y + (size_t)(t0 + t) * ldy + r;
+                if (full_r && full_t)
+                    f_tile(f, F_F32, FGR, FGT, n, wr, ws, xt, row, yt, ldy);
+                else if (full_r)
+                    f_tile(f, F_F32, FGR, 1, n, wr, ws, xt, row, yt, ldy);
+                else if (full_t)
+                    f_tile(f, F_F32, 1, FGT, n, wr, ws, xt, row, yt, ldy);
+                else
+                    f_tile(f, F_F32, 1, 1, n, wr, ws, xt, row, yt, ldy);
+                t += full_t ? FGT : 1;
+            }
+            r += full_r ? FGR : 1;
+        }
+    }
+    return true;
+}
+#endif
+
 /* ==== gemm driver ======================================================= */
 
 SBX_ALWAYS void tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
                      float *y, size_t ldy) {
     if (is_float(f))
-        f_tile(f, R, T, n, w, ws, x, xs, y, ldy);
+        f_tile(f, f, R, T, n, w, ws, x, xs, y, ldy);
     else
         q_tile(f, R, T, n, w, ws, x, xs, y, ldy);
 }
@@ -389,6 +720,12 @@ SBX_ALWAYS void gemm(fmt f, int64_t n, const void *wv, size_t ws, int64_t nr, co
     const int RM = is_float(f) ? FRM : QRM, TM = is_float(f) ? FTM : QTM, RV = is_float(f) ? FRV : QRV;
     const uint8_t *w = wv, *x = xv;
     int64_t r = 0;
+#if SBX_AVX512
+    if (!is_float(f) && nt >= QG_MIN_NT && qg_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
+        return;
+    if ((f == F_F16 || f == F_BF16) && nt >= QG_MIN_NT && fg_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
+        return;
+#endif
     if (nt == 1) {
         for (; r + RV <= nr; r += RV)
             tile(f, RV, 1, n, w + r * ws, ws, x, xs, y + r, ldy);
