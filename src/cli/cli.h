@@ -27,6 +27,10 @@ bool sb_cli_opt(int argc, char **argv, int *i, const char *name, const char **va
 int64_t sb_cli_int(const char *opt, const char *value, int64_t min, int64_t max);
 float sb_cli_float(const char *opt, const char *value);
 
+/* A whole file as a NUL-terminated string (sb_malloc'd, freed with
+ * sb_free), or NULL if it cannot be read. */
+char *sb_cli_read_file(const char *path);
+
 /* Seconds from a monotonic clock. */
 double sb_cli_now(void);
 

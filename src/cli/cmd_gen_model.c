@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "cli/cli.h"
 #include "model/synth.h"
 
@@ -17,24 +18,6 @@ static const char usage[] =
     "       [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N] [--seed S]\n"
     "       [--rope-base F] [--name NAME] [--chat-template FILE.jinja]\n";
 
-/* A whole file as a NUL-terminated string (malloc'd), or NULL. */
-static char *read_text_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *buf = NULL;
-    long n;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
-        if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
-            buf[n] = '\0';
-        } else {
-            free(buf);
-            buf = NULL;
-        }
-    }
-    fclose(f);
-    return buf;
-}
 
 int sb_cmd_gen_model(int argc, char **argv) {
     sb_synth_params p = sb_synth_default_params();
@@ -45,8 +28,8 @@ int sb_cmd_gen_model(int argc, char **argv) {
             sb_cli_opt(argc, argv, &i, "--arch", &p.arch) || sb_cli_opt(argc, argv, &i, "--vocab-from", &p.vocab_from))
             continue;
         if (sb_cli_opt(argc, argv, &i, "--chat-template", &v)) {
-            free(template_text);
-            if (!(template_text = read_text_file(v)))
+            sb_free(template_text);
+            if (!(template_text = sb_cli_read_file(v)))
                 return sb_cli_error("--chat-template: cannot read '%s'", v);
             p.chat_template = template_text;
         } else if (sb_cli_opt(argc, argv, &i, "--type", &v)) {
@@ -89,6 +72,6 @@ int sb_cmd_gen_model(int argc, char **argv) {
     }
     sb_error err;
     int rc = sb_synth_write(&p, out, &err) == SB_OK ? 0 : sb_cli_error("%s", err.msg);
-    free(template_text);
+    sb_free(template_text);
     return rc;
 }

@@ -19,40 +19,6 @@ static const char usage_text[] =
     "       [--tools FILE.json] [--kwargs FILE.json] [--no-generation-prompt] [--bos S] [--eos S]\n"
     "       [--now 'YYYY-MM-DD HH:MM']\n";
 
-/* Whole file as a NUL-terminated string (sb_malloc'd), or NULL. */
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *buf = NULL;
-    size_t len = 0, cap = 0, n;
-    char chunk[65536];
-    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
-        if (len + n + 1 > cap) {
-            cap = (len + n + 1) * 2;
-            char *p = sb_realloc(buf, cap);
-            if (!p) {
-                sb_free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = p;
-        }
-        memcpy(buf + len, chunk, n);
-        len += n;
-    }
-    bool failed = ferror(f);
-    fclose(f);
-    if (failed) {
-        sb_free(buf);
-        return NULL;
-    }
-    if (!buf)
-        buf = sb_malloc(1);
-    if (buf)
-        buf[len] = '\0';
-    return buf;
-}
 
 /* Text of token tokenizer.ggml.<which>_token_id, or NULL if the model has none. */
 static char *token_text(const sb_gguf *g, const char *which, sb_error *err) {
@@ -141,14 +107,14 @@ int sb_cmd_template(int argc, char **argv) {
             goto done;
         }
         src = sb_strndup(text, strlen(text));
-    } else if (!(src = read_file(file))) {
+    } else if (!(src = sb_cli_read_file(file))) {
         sb_cli_error("cannot read %s", file);
         goto done;
     }
     const char *const inputs[] = {messages, tools, kwargs};
     char **const texts[] = {&msgs, &tools_json, &kw_json};
     for (size_t k = 0; k < 3; k++) {
-        if (inputs[k] && !(*texts[k] = read_file(inputs[k]))) {
+        if (inputs[k] && !(*texts[k] = sb_cli_read_file(inputs[k]))) {
             sb_cli_error("cannot read %s", inputs[k]);
             goto done;
         }

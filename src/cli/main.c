@@ -3,6 +3,7 @@
  * (cmd_*.c) and holds the option parsing they share.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/base.h"
 #include "cli/cli.h"
 
 static const char usage[] =
@@ -78,6 +80,40 @@ float sb_cli_float(const char *opt, const char *value) {
         exit(SB_EXIT_USAGE);
     }
     return v;
+}
+
+char *sb_cli_read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    size_t len = 0, cap = 0, n;
+    char chunk[65536];
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+        if (len + n + 1 > cap) {
+            cap = (len + n + 1) * 2;
+            char *p = sb_realloc(buf, cap);
+            if (!p) {
+                sb_free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = p;
+        }
+        memcpy(buf + len, chunk, n);
+        len += n;
+    }
+    bool failed = ferror(f);
+    fclose(f);
+    if (failed) {
+        sb_free(buf);
+        return NULL;
+    }
+    if (!buf)
+        buf = sb_malloc(1);
+    if (buf)
+        buf[len] = '\0';
+    return buf;
 }
 
 double sb_cli_now(void) {
