@@ -21,24 +21,11 @@
 #include "gguf/gguf.h"
 #include "switchboard.h"
 #include "testutil.h"
+#include "tokutil.h"
 #include "tokenizer/vocab.h"
 
 #define LLAMA3 "models/llama3-vocab-tiny-random.gguf"
 #define QWEN2 "models/qwen2-vocab-tiny-random.gguf"
-
-/* ---- helpers ------------------------------------------------------------ */
-
-static sb_vocab *load_fixture(const char *relpath) {
-    sb_error err = {0};
-    sb_gguf *g = NULL;
-    if (sb_gguf_open(sb_test_fixture(relpath), &g, &err) != SB_OK)
-        fail_msg("open %s: %s", relpath, err.msg);
-    sb_vocab *v = NULL;
-    if (sb_vocab_load(g, &v, &err) != SB_OK)
-        fail_msg("vocab %s: %s", relpath, err.msg);
-    sb_gguf_close(g); /* the vocabulary must not depend on the file staying open */
-    return v;
-}
 
 /* Tokenizes into a malloc'd array sized by a first measuring call. */
 static int32_t *tokenize(const sb_vocab *v, const char *text, size_t len, bool add_special, bool parse_special,
@@ -56,81 +43,6 @@ static int32_t *tokenize(const sb_vocab *v, const char *text, size_t len, bool a
     return ids;
 }
 
-static char *detokenize(const sb_vocab *v, const int32_t *ids, size_t n, bool render, size_t *len) {
-    sb_error err = {0};
-    size_t need = 0;
-    assert_int_equal(sb_vocab_detokenize(v, ids, n, false, render, NULL, 0, &need, &err), SB_ERR_INVALID_ARG);
-    char *out = malloc(need + 1);
-    assert_non_null(out);
-    if (sb_vocab_detokenize(v, ids, n, false, render, out, need + 1, len, &err) != SB_OK)
-        fail_msg("detokenize: %s", err.msg);
-    assert_int_equal(*len, need); /* the measured size is exact, clean-up included */
-    return out;
-}
-
-static bool valid_utf8(const char *s, size_t n) {
-    const unsigned char *p = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        unsigned c = p[i], lo = 0x80, hi = 0xBF;
-        size_t need;
-        if (c < 0x80)
-            need = 0;
-        else if (c >= 0xC2 && c <= 0xDF)
-            need = 1;
-        else if (c >= 0xE0 && c <= 0xEF)
-            need = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-        else if (c >= 0xF0 && c <= 0xF4)
-            need = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-        else
-            return false;
-        for (size_t k = 1; k <= need; k++, lo = 0x80, hi = 0xBF)
-            if (i + k >= n || p[i + k] < lo || p[i + k] > hi)
-                return false;
-        i += need + 1;
-    }
-    return true;
-}
-
-/* Pushes ids one at a time (each chunk must be valid UTF-8) and returns the
- * concatenation of the chunks and the flush. */
-static char *stream(const sb_vocab *v, const int32_t *ids, size_t n, bool render, size_t *len) {
-    sb_error err = {0};
-    sb_detok_t *d = NULL;
-    assert_int_equal(sb_vocab_detok_create(v, false, &d, &err), SB_OK);
-    size_t cap = 64 + 512 * (n + 1), total = 0;
-    char *all = malloc(cap), chunk[512];
-    assert_non_null(all);
-    for (size_t i = 0; i <= n; i++) {
-        size_t k = i < n ? sb_vocab_detok_push(d, ids[i], render, chunk, sizeof(chunk))
-                         : sb_vocab_detok_flush(d, chunk, sizeof(chunk));
-        assert_true(k < sizeof(chunk));
-        assert_int_equal(chunk[k], '\0');
-        assert_true(valid_utf8(chunk, k));
-        memcpy(all + total, chunk, k);
-        total += k;
-    }
-    assert_int_equal(sb_vocab_detok_flush(d, chunk, sizeof(chunk)), 0);
-    sb_vocab_detok_free(d);
-    *len = total;
-    return all;
-}
-
-static void assert_ids(const int32_t *got, size_t n_got, const int32_t *want, size_t n_want) {
-    assert_int_equal(n_got, n_want);
-    for (size_t i = 0; i < n_want; i++)
-        assert_int_equal(got[i], want[i]);
-}
-
-static size_t json_ids(const cJSON *arr, int32_t *ids, size_t cap) {
-    size_t n = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, arr) {
-        assert_true(n < cap);
-        ids[n++] = (int32_t)e->valuedouble;
-    }
-    return n;
-}
-
 static bool same_ids(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
     return na == nb && (na == 0 || memcmp(a, b, na * sizeof(*a)) == 0);
 }
@@ -146,7 +58,7 @@ typedef struct jsonl_counts {
 } jsonl_counts;
 
 static jsonl_counts run_jsonl(const char *model, const char *jsonl) {
-    sb_vocab *v = load_fixture(model);
+    sb_vocab *v = sb_test_load_vocab(model);
     char *data = sb_test_read_file(sb_test_fixture(jsonl), NULL);
     assert_non_null(data);
     jsonl_counts c = {0};
@@ -156,8 +68,8 @@ static jsonl_counts run_jsonl(const char *model, const char *jsonl) {
         const cJSON *jt = cJSON_GetObjectItem(j, "text");
         const char *text = jt->valuestring;
         int32_t want[1024], want_sp[1024];
-        size_t n_want = json_ids(cJSON_GetObjectItem(j, "ids"), want, 1024);
-        size_t n_want_sp = json_ids(cJSON_GetObjectItem(j, "ids_special"), want_sp, 1024);
+        size_t n_want = sb_test_json_ids(cJSON_GetObjectItem(j, "ids"), want, 1024);
+        size_t n_want_sp = sb_test_json_ids(cJSON_GetObjectItem(j, "ids_special"), want_sp, 1024);
         c.lines++;
 
         size_t n;
@@ -175,13 +87,13 @@ static jsonl_counts run_jsonl(const char *model, const char *jsonl) {
         free(got);
 
         size_t len;
-        char *d = detokenize(v, want, n_want, false, &len);
+        char *d = sb_test_detokenize(v, want, n_want, false, false, &len);
         if (same_text(d, len, cJSON_GetObjectItem(j, "detok")->valuestring))
             c.detok++;
         else
             print_message("detok differs for %s: got '%.*s'\n", line, (int)len, d);
         free(d);
-        d = detokenize(v, want_sp, n_want_sp, true, &len);
+        d = sb_test_detokenize(v, want_sp, n_want_sp, false, true, &len);
         if (same_text(d, len, cJSON_GetObjectItem(j, "detok_special")->valuestring))
             c.detok_special++;
         else
@@ -192,14 +104,14 @@ static jsonl_counts run_jsonl(const char *model, const char *jsonl) {
          * llama.cpp's token_to_piece), holding back split characters. */
         bool clean = v->clean_spaces;
         v->clean_spaces = false;
-        d = detokenize(v, want_sp, n_want_sp, true, &len);
+        d = sb_test_detokenize(v, want_sp, n_want_sp, false, true, &len);
         v->clean_spaces = clean;
         size_t slen;
-        char *s = stream(v, want_sp, n_want_sp, true, &slen);
+        char *s = sb_test_stream(v, want_sp, n_want_sp, false, true, &slen);
         c.stream += slen == len && memcmp(s, d, len) == 0;
         for (size_t i = 0; i < n_want_sp; i++) {
             const sb_vocab_token *t = &v->tokens[want_sp[i]];
-            c.split_chars += !valid_utf8(v->pieces + t->piece_off, t->piece_len);
+            c.split_chars += !sb_test_valid_utf8(v->pieces + t->piece_off, t->piece_len);
         }
         free(s);
         free(d);
@@ -251,27 +163,27 @@ static void test_metadata_bos_eog(void **state) {
     size_t n;
     int32_t *ids;
 
-    sb_vocab *v = load_fixture(LLAMA3);
+    sb_vocab *v = sb_test_load_vocab(LLAMA3);
     assert_int_equal(sb_vocab_n_tokens(v), 128256);
     assert_int_equal(sb_vocab_bos(v), 128000);
     assert_int_equal(sb_vocab_eos(v), 128009);
     assert_true(sb_vocab_add_bos(v));
     check_eog(v, (const int32_t[]){128001, 128008, 128009}, 3);
     ids = tokenize(v, "Hello world", 11, false, false, &n);
-    assert_ids(ids, n, (const int32_t[]){9906, 1917}, 2);
+    sb_test_assert_ids(ids, n, (const int32_t[]){9906, 1917}, 2);
     free(ids);
     ids = tokenize(v, "Hello world", 11, true, false, &n);
-    assert_ids(ids, n, (const int32_t[]){128000, 9906, 1917}, 3);
+    sb_test_assert_ids(ids, n, (const int32_t[]){128000, 9906, 1917}, 3);
     free(ids);
     ids = tokenize(v, "", 0, true, true, &n);
-    assert_ids(ids, n, (const int32_t[]){128000}, 1);
+    sb_test_assert_ids(ids, n, (const int32_t[]){128000}, 1);
     free(ids);
     ids = tokenize(v, "1234567", 7, false, false, &n);
-    assert_ids(ids, n, (const int32_t[]){4513, 10961, 22}, 3);
+    sb_test_assert_ids(ids, n, (const int32_t[]){4513, 10961, 22}, 3);
     free(ids);
     /* with parse_special the BOS text is BOS too; without, it is text */
     ids = tokenize(v, "<|begin_of_text|>Hi", 19, true, true, &n);
-    assert_ids(ids, n, (const int32_t[]){128000, 128000, 13347}, 3);
+    sb_test_assert_ids(ids, n, (const int32_t[]){128000, 128000, 13347}, 3);
     free(ids);
     ids = tokenize(v, "<|begin_of_text|>Hi", 19, false, false, &n);
     assert_true(n > 2);
@@ -280,26 +192,26 @@ static void test_metadata_bos_eog(void **state) {
     free(ids);
     sb_vocab_free(v);
 
-    v = load_fixture(QWEN2);
+    v = sb_test_load_vocab(QWEN2);
     assert_int_equal(sb_vocab_n_tokens(v), 151936);
     assert_int_equal(sb_vocab_bos(v), 151643);
     assert_int_equal(sb_vocab_eos(v), 151645);
     assert_false(sb_vocab_add_bos(v));
     check_eog(v, (const int32_t[]){128247, 151643, 151645, 151662, 151663, 151664}, 6);
     ids = tokenize(v, "Hello world", 11, true, false, &n);
-    assert_ids(ids, n, (const int32_t[]){9707, 1879}, 2);
+    sb_test_assert_ids(ids, n, (const int32_t[]){9707, 1879}, 2);
     free(ids);
     ids = tokenize(v, "", 0, true, false, &n);
     assert_int_equal(n, 0);
     free(ids);
     ids = tokenize(v, "1234567", 7, false, false, &n);
-    assert_ids(ids, n, (const int32_t[]){16, 17, 18, 19, 20, 21, 22}, 7);
+    sb_test_assert_ids(ids, n, (const int32_t[]){16, 17, 18, 19, 20, 21, 22}, 7);
     free(ids);
     /* "</s>" is an ordinary token typed NORMAL, forced to CONTROL by its text */
     ids = tokenize(v, "</s>", 4, false, true, &n);
-    assert_ids(ids, n, (const int32_t[]){128247}, 1);
+    sb_test_assert_ids(ids, n, (const int32_t[]){128247}, 1);
     size_t len;
-    char *d = detokenize(v, ids, n, false, &len);
+    char *d = sb_test_detokenize(v, ids, n, false, false, &len);
     assert_int_equal(len, 0);
     free(d);
     free(ids);
@@ -338,7 +250,7 @@ static void test_models_load(void **state) {
 
 static void test_invalid_utf8_input(void **state) {
     (void)state;
-    sb_vocab *v = load_fixture(LLAMA3);
+    sb_vocab *v = sb_test_load_vocab(LLAMA3);
     static const char *const inputs[] = {"\xff",         "\xe4\x41", "a\xc3", "\xf0\x9f\x98", "\x80\x80 x",
                                          "\xed\xa0\x80", "x\xf4\x90\x80\x80y", "\xc0\xaf", "\xf8\x88\x80\x80\x80"};
     for (size_t k = 0; k < SB_ARRAY_LEN(inputs); k++) {
@@ -346,8 +258,8 @@ static void test_invalid_utf8_input(void **state) {
         size_t n, len, slen;
         int32_t *ids = tokenize(v, t, strlen(t), false, false, &n);
         assert_true(n > 0);
-        char *d = detokenize(v, ids, n, false, &len);
-        char *s = stream(v, ids, n, false, &slen); /* every chunk checked to be valid UTF-8 */
+        char *d = sb_test_detokenize(v, ids, n, false, false, &len);
+        char *s = sb_test_stream(v, ids, n, false, false, &slen); /* every chunk checked to be valid UTF-8 */
         free(s);
         free(d);
         free(ids);
@@ -355,19 +267,19 @@ static void test_invalid_utf8_input(void **state) {
     /* a bad byte reads as U+FFFD, an overlong "/" as "/", as in llama.cpp */
     size_t n, len;
     int32_t *ids = tokenize(v, "\xff", 1, false, false, &n);
-    char *d = detokenize(v, ids, n, false, &len);
+    char *d = sb_test_detokenize(v, ids, n, false, false, &len);
     assert_string_equal(d, "\xef\xbf\xbd");
     free(d);
     free(ids);
     int32_t *want = tokenize(v, "a/", 2, false, false, &n);
     size_t n2;
     ids = tokenize(v, "a\xc0\xaf", 3, false, false, &n2);
-    assert_ids(ids, n2, want, n);
+    sb_test_assert_ids(ids, n2, want, n);
     free(want);
     free(ids);
     /* a surrogate keeps its bytes */
     ids = tokenize(v, "\xed\xa0\x80", 3, false, false, &n);
-    d = detokenize(v, ids, n, false, &len);
+    d = sb_test_detokenize(v, ids, n, false, false, &len);
     assert_int_equal(len, 3);
     assert_memory_equal(d, "\xed\xa0\x80", 3);
     free(d);
@@ -377,7 +289,7 @@ static void test_invalid_utf8_input(void **state) {
 
 static void test_stream_holds_split_characters(void **state) {
     (void)state;
-    sb_vocab *v = load_fixture(LLAMA3);
+    sb_vocab *v = sb_test_load_vocab(LLAMA3);
     const char *t = "\xf0\x9f\xa6\x99 \xe4\xbd\xa0\xe5\xa5\xbd"; /* U+1F999 (not one token), then Chinese */
     size_t n;
     int32_t *ids = tokenize(v, t, strlen(t), false, false, &n);
@@ -411,7 +323,7 @@ static void test_long_inputs(void **state) {
     assert_non_null(t);
     static const char *const models[] = {LLAMA3, QWEN2};
     for (size_t mi = 0; mi < SB_ARRAY_LEN(models); mi++) {
-        sb_vocab *v = load_fixture(models[mi]);
+        sb_vocab *v = sb_test_load_vocab(models[mi]);
         for (int round = 0; round < 3; round++) {
             uint32_t x = 12345;
             for (len = 0; len + 8 <= cap;) {
@@ -425,7 +337,7 @@ static void test_long_inputs(void **state) {
             int32_t *ids = tokenize(v, t, len, false, false, &n);
             bool clean = v->clean_spaces;
             v->clean_spaces = false;
-            char *d = detokenize(v, ids, n, false, &dlen);
+            char *d = sb_test_detokenize(v, ids, n, false, false, &dlen);
             v->clean_spaces = clean;
             assert_int_equal(dlen, len);
             assert_memory_equal(d, t, len);
@@ -529,7 +441,7 @@ static void test_other_pre_tokenizers(void **state) {
             const char *text = cJSON_GetObjectItem(j, "text")->valuestring;
             size_t n, len, tlen = strlen(text);
             int32_t *ids = tokenize(v, text, tlen, false, false, &n);
-            char *d = detokenize(v, ids, n, false, &len);
+            char *d = sb_test_detokenize(v, ids, n, false, false, &len);
             char *want = strdup(text);
             if (v->clean_spaces)
                 tlen = sb__bpe_clean_spaces(want, tlen);
@@ -613,21 +525,21 @@ static void test_merge_rules(void **state) {
     static const char *const m1[] = {"b c", "a b"};
     assert_int_equal(load_synthetic(tok, 7, m1, 2, "qwen2", &v, &err), SB_OK);
     ids = tokenize(v, "abc", 3, false, false, &n);
-    assert_ids(ids, n, (const int32_t[]){0, 4}, 2);
+    sb_test_assert_ids(ids, n, (const int32_t[]){0, 4}, 2);
     free(ids);
     sb_vocab_free(v);
     static const char *const m2[] = {"a b", "b c", "a a", "ab c"};
     assert_int_equal(load_synthetic(tok, 7, m2, 4, "qwen2", &v, &err), SB_OK);
     ids = tokenize(v, "abc", 3, false, false, &n);
-    assert_ids(ids, n, (const int32_t[]){5}, 1);
+    sb_test_assert_ids(ids, n, (const int32_t[]){5}, 1);
     free(ids);
     /* equal ranks: leftmost first */
     ids = tokenize(v, "aaa", 3, false, false, &n);
-    assert_ids(ids, n, (const int32_t[]){6, 0}, 2);
+    sb_test_assert_ids(ids, n, (const int32_t[]){6, 0}, 2);
     free(ids);
     /* a character without a token is dropped (llama.cpp's byte fallback finds no byte token) */
     ids = tokenize(v, "axb", 3, false, false, &n);
-    assert_ids(ids, n, (const int32_t[]){0, 1}, 2);
+    sb_test_assert_ids(ids, n, (const int32_t[]){0, 1}, 2);
     free(ids);
     sb_vocab_free(v);
 
@@ -636,14 +548,14 @@ static void test_merge_rules(void **state) {
     static const char *const m3[] = {"a b", "ab c", "nospace", " x"};
     assert_int_equal(load_synthetic(tok3, 3, m3, 4, "qwen2", &v, &err), SB_OK);
     ids = tokenize(v, "abc", 3, false, false, &n);
-    assert_ids(ids, n, (const int32_t[]){0, 1}, 2); /* ab+c = "abc" is no token: bytes a, b (c has none) */
+    sb_test_assert_ids(ids, n, (const int32_t[]){0, 1}, 2); /* ab+c = "abc" is no token: bytes a, b (c has none) */
     free(ids);
     sb_vocab_free(v);
     static const char *const m4[] = {"a b", "ab c"};
     static const char *const tok4[] = {"a", "b", "ab", "c"};
     assert_int_equal(load_synthetic(tok4, 4, m4, 2, "qwen2", &v, &err), SB_OK);
     ids = tokenize(v, "abc", 3, false, false, &n);
-    assert_ids(ids, n, (const int32_t[]){0, 1, 3}, 3); /* "abc" missing: its bytes a, b, c */
+    sb_test_assert_ids(ids, n, (const int32_t[]){0, 1, 3}, 3); /* "abc" missing: its bytes a, b, c */
     free(ids);
     sb_vocab_free(v);
 
@@ -652,12 +564,12 @@ static void test_merge_rules(void **state) {
     assert_int_equal(load_synthetic(tok, 7, m5, 1, "llama-bpe", &v, &err), SB_OK);
     assert_true(sb_vocab_add_bos(v)); /* llama-bpe's default */
     ids = tokenize(v, "abc", 3, false, false, &n);
-    assert_ids(ids, n, (const int32_t[]){5}, 1);
+    sb_test_assert_ids(ids, n, (const int32_t[]){5}, 1);
     free(ids);
     sb_vocab_free(v);
     assert_int_equal(load_synthetic(tok, 7, m5, 1, "qwen2", &v, &err), SB_OK);
     ids = tokenize(v, "abc", 3, false, false, &n);
-    assert_ids(ids, n, (const int32_t[]){3, 2}, 2);
+    sb_test_assert_ids(ids, n, (const int32_t[]){3, 2}, 2);
     free(ids);
     sb_vocab_free(v);
 

@@ -18,21 +18,8 @@
 #include "base/base.h"
 #include "gguf/gguf.h"
 #include "testutil.h"
+#include "tokutil.h"
 #include "tokenizer/vocab.h"
-
-/* ---- helpers ------------------------------------------------------------ */
-
-static sb_vocab *load_fixture(const char *relpath) {
-    sb_error err = {0};
-    sb_gguf *g = NULL;
-    if (sb_gguf_open(sb_test_fixture(relpath), &g, &err) != SB_OK)
-        fail_msg("open %s: %s", relpath, err.msg);
-    sb_vocab *v = NULL;
-    if (sb_vocab_load(g, &v, &err) != SB_OK)
-        fail_msg("vocab %s: %s", relpath, err.msg);
-    sb_gguf_close(g); /* the vocabulary must not depend on the file staying open */
-    return v;
-}
 
 static size_t tokenize(const sb_vocab *v, const char *text, size_t len, bool add_special, bool parse_special,
                        int32_t *ids, size_t cap) {
@@ -43,87 +30,11 @@ static size_t tokenize(const sb_vocab *v, const char *text, size_t len, bool add
     return n;
 }
 
-static char *detokenize(const sb_vocab *v, const int32_t *ids, size_t n, bool strip, bool render, size_t *len) {
-    sb_error err = {0};
-    size_t need = 0;
-    assert_int_equal(sb_vocab_detokenize(v, ids, n, strip, render, NULL, 0, &need, &err), SB_ERR_INVALID_ARG);
-    char *out = malloc(need + 1);
-    assert_non_null(out);
-    if (sb_vocab_detokenize(v, ids, n, strip, render, out, need + 1, len, &err) != SB_OK)
-        fail_msg("detokenize: %s", err.msg);
-    assert_int_equal(*len, need);
-    return out;
-}
-
-static bool valid_utf8(const char *s, size_t n) {
-    const unsigned char *p = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        unsigned c = p[i], lo = 0x80, hi = 0xBF;
-        size_t need;
-        if (c < 0x80)
-            need = 0;
-        else if (c >= 0xC2 && c <= 0xDF)
-            need = 1;
-        else if (c >= 0xE0 && c <= 0xEF)
-            need = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-        else if (c >= 0xF0 && c <= 0xF4)
-            need = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-        else
-            return false;
-        for (size_t k = 1; k <= need; k++, lo = 0x80, hi = 0xBF)
-            if (i + k >= n || p[i + k] < lo || p[i + k] > hi)
-                return false;
-        i += need + 1;
-    }
-    return true;
-}
-
-/* Pushes ids one at a time (checking that every chunk is valid UTF-8) and
- * returns the concatenation of the chunks and the flush. */
-static char *stream(const sb_vocab *v, const int32_t *ids, size_t n, bool strip, size_t *len) {
-    sb_error err = {0};
-    sb_detok_t *d = NULL;
-    assert_int_equal(sb_vocab_detok_create(v, strip, &d, &err), SB_OK);
-    size_t cap = 64 * (n + 1), total = 0;
-    char *all = malloc(cap), chunk[64];
-    assert_non_null(all);
-    for (size_t i = 0; i <= n; i++) {
-        size_t k = i < n ? sb_vocab_detok_push(d, ids[i], false, chunk, sizeof(chunk))
-                         : sb_vocab_detok_flush(d, chunk, sizeof(chunk));
-        assert_true(k < sizeof(chunk));
-        assert_int_equal(chunk[k], '\0');
-        assert_true(valid_utf8(chunk, k));
-        memcpy(all + total, chunk, k);
-        total += k;
-    }
-    assert_int_equal(sb_vocab_detok_flush(d, chunk, sizeof(chunk)), 0);
-    sb_vocab_detok_free(d);
-    *len = total;
-    return all;
-}
-
-static void assert_ids(const int32_t *got, size_t n_got, const int32_t *want, size_t n_want) {
-    assert_int_equal(n_got, n_want);
-    for (size_t i = 0; i < n_want; i++)
-        assert_int_equal(got[i], want[i]);
-}
-
-/* Reads a JSON array of integers into ids (cap entries); returns the count. */
-static size_t json_ids(const cJSON *arr, int32_t *ids, size_t cap) {
-    size_t n = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, arr) {
-        assert_true(n < cap);
-        ids[n++] = (int32_t)e->valuedouble;
-    }
-    return n;
-}
-
 /* ---- llama.cpp reference vectors ---------------------------------------- */
 
 static void test_llama2_vocab_metadata(void **state) {
     (void)state;
-    sb_vocab *v = load_fixture("models/llama2-vocab-tiny-random.gguf");
+    sb_vocab *v = sb_test_load_vocab("models/llama2-vocab-tiny-random.gguf");
     assert_int_equal(sb_vocab_n_tokens(v), 32000);
     assert_int_equal(sb_vocab_bos(v), 1);
     assert_int_equal(sb_vocab_eos(v), 2);
@@ -140,7 +51,7 @@ static void test_llama2_vocab_metadata(void **state) {
 
 static void test_llama2_jsonl(void **state) {
     (void)state;
-    sb_vocab *v = load_fixture("models/llama2-vocab-tiny-random.gguf");
+    sb_vocab *v = sb_test_load_vocab("models/llama2-vocab-tiny-random.gguf");
     char *data = sb_test_read_file(sb_test_fixture("models/tokenizer-llama-spm.jsonl"), NULL);
     assert_non_null(data);
     int lines = 0, ids_ok = 0, detok_ok = 0, stream_ok = 0, stream_checked = 0;
@@ -150,7 +61,7 @@ static void test_llama2_jsonl(void **state) {
         const char *text = cJSON_GetObjectItem(j, "text")->valuestring;
         const char *want_detok = cJSON_GetObjectItem(j, "detok")->valuestring;
         int32_t want[512], got[512];
-        size_t n_want = json_ids(cJSON_GetObjectItem(j, "ids"), want, 512);
+        size_t n_want = sb_test_json_ids(cJSON_GetObjectItem(j, "ids"), want, 512);
         size_t n_got = tokenize(v, text, strlen(text), false, false, got, 512);
         lines++;
         if (n_got == n_want && memcmp(got, want, n_want * sizeof(*want)) == 0)
@@ -159,14 +70,14 @@ static void test_llama2_jsonl(void **state) {
             print_message("ids differ for %s\n", line);
 
         size_t len, slen;
-        char *d = detokenize(v, want, n_want, true, false, &len);
+        char *d = sb_test_detokenize(v, want, n_want, true, false, &len);
         if (len == strlen(want_detok) && memcmp(d, want_detok, len) == 0)
             detok_ok++;
         else
             print_message("detok differs for %s: got '%s'\n", line, d);
-        if (valid_utf8(d, len)) {
+        if (sb_test_valid_utf8(d, len)) {
             stream_checked++;
-            char *s = stream(v, want, n_want, true, &slen);
+            char *s = sb_test_stream(v, want, n_want, true, false, &slen);
             stream_ok += slen == len && memcmp(s, d, len) == 0;
             free(s);
         }
@@ -194,15 +105,15 @@ static void test_expected_prompt_ids(void **state) {
     cJSON_ArrayForEach(model, cJSON_GetObjectItem(root, "models")) {
         char path[256];
         snprintf(path, sizeof(path), "models/%s", model->string);
-        sb_vocab *v = load_fixture(path);
+        sb_vocab *v = sb_test_load_vocab(path);
         const cJSON *run;
         cJSON_ArrayForEach(run, cJSON_GetObjectItem(model, "runs")) {
             const char *prompt = cJSON_GetObjectItem(run, "prompt")->valuestring;
             int32_t want[64], got[64];
-            size_t n_want = json_ids(cJSON_GetObjectItem(run, "prompt_ids"), want, 64);
+            size_t n_want = sb_test_json_ids(cJSON_GetObjectItem(run, "prompt_ids"), want, 64);
             for (int parse_special = 0; parse_special < 2; parse_special++) {
                 size_t n_got = tokenize(v, prompt, strlen(prompt), true, parse_special, got, 64);
-                assert_ids(got, n_got, want, n_want);
+                sb_test_assert_ids(got, n_got, want, n_want);
             }
             size_t i = 0;
             const cJSON *tok;
@@ -222,15 +133,15 @@ static void test_expected_prompt_ids(void **state) {
 
 static void test_special_tokens(void **state) {
     (void)state;
-    sb_vocab *v = load_fixture("models/llama2-vocab-tiny-random.gguf");
+    sb_vocab *v = sb_test_load_vocab("models/llama2-vocab-tiny-random.gguf");
     int32_t ids[64];
     const char *t = "<s>Hello</s>";
     size_t n = tokenize(v, t, strlen(t), false, true, ids, 64);
-    assert_ids(ids, n, (const int32_t[]){1, 15043, 2}, 3); /* dummy prefix after <s> */
+    sb_test_assert_ids(ids, n, (const int32_t[]){1, 15043, 2}, 3); /* dummy prefix after <s> */
 
     t = "Hello<s>world";
     n = tokenize(v, t, strlen(t), true, true, ids, 64);
-    assert_ids(ids, n, (const int32_t[]){1, 15043, 1, 3186}, 4);
+    sb_test_assert_ids(ids, n, (const int32_t[]){1, 15043, 1, 3186}, 4);
 
     /* without parse_special the same text is plain text: no id 1 or 2 inside */
     n = tokenize(v, t, strlen(t), false, false, ids, 64);
@@ -241,16 +152,16 @@ static void test_special_tokens(void **state) {
     /* control tokens are hidden unless rendered; the leading space survives a BOS */
     const int32_t seq[] = {1, 15043, 2};
     size_t len;
-    char *s = detokenize(v, seq, 3, true, false, &len);
+    char *s = sb_test_detokenize(v, seq, 3, true, false, &len);
     assert_string_equal(s, " Hello");
     free(s);
-    s = detokenize(v, seq, 3, true, true, &len);
+    s = sb_test_detokenize(v, seq, 3, true, true, &len);
     assert_string_equal(s, "<s> Hello</s>");
     free(s);
-    s = detokenize(v, seq + 1, 2, true, false, &len);
+    s = sb_test_detokenize(v, seq + 1, 2, true, false, &len);
     assert_string_equal(s, "Hello");
     free(s);
-    s = detokenize(v, seq + 1, 2, false, false, &len);
+    s = sb_test_detokenize(v, seq + 1, 2, false, false, &len);
     assert_string_equal(s, " Hello");
     free(s);
     sb_vocab_free(v);
@@ -258,18 +169,18 @@ static void test_special_tokens(void **state) {
 
 static void test_buffers_and_bad_args(void **state) {
     (void)state;
-    sb_vocab *v = load_fixture("models/llama2-vocab-tiny-random.gguf");
+    sb_vocab *v = sb_test_load_vocab("models/llama2-vocab-tiny-random.gguf");
     sb_error err = {0};
     int32_t ids[8];
     size_t n = 99;
     assert_int_equal(sb_vocab_tokenize(v, "", 0, false, false, NULL, 0, &n, &err), SB_OK);
     assert_int_equal(n, 0);
     assert_int_equal(sb_vocab_tokenize(v, "", 0, true, false, ids, 8, &n, &err), SB_OK);
-    assert_ids(ids, n, (const int32_t[]){1}, 1);
+    sb_test_assert_ids(ids, n, (const int32_t[]){1}, 1);
     assert_int_equal(sb_vocab_tokenize(v, "Hello world", 11, true, false, NULL, 0, &n, &err), SB_ERR_INVALID_ARG);
     assert_int_equal(n, 3);
     assert_int_equal(sb_vocab_tokenize(v, "Hello world", 11, true, false, ids, 2, &n, &err), SB_ERR_INVALID_ARG);
-    assert_ids(ids, 2, (const int32_t[]){1, 15043}, 2);
+    sb_test_assert_ids(ids, 2, (const int32_t[]){1, 15043}, 2);
     assert_int_equal(sb_vocab_tokenize(v, "Hello world", 11, true, false, ids, 3, &n, &err), SB_OK);
     assert_int_equal(sb_vocab_tokenize(v, NULL, 3, true, false, ids, 3, &n, &err), SB_ERR_INVALID_ARG);
 
@@ -285,7 +196,7 @@ static void test_buffers_and_bad_args(void **state) {
 
 static void test_invalid_utf8_input(void **state) {
     (void)state;
-    sb_vocab *v = load_fixture("models/llama2-vocab-tiny-random.gguf");
+    sb_vocab *v = sb_test_load_vocab("models/llama2-vocab-tiny-random.gguf");
     static const char *const inputs[] = {"\xff", "\xe4\x41", "a\xc3", "\xf0\x9f\x98", "\x80\x80 x", "\xed\xa0\x80",
                                          "x\xf4\x90\x80\x80y", "\xc0\xaf"};
     for (size_t k = 0; k < SB_ARRAY_LEN(inputs); k++) {
@@ -293,24 +204,24 @@ static void test_invalid_utf8_input(void **state) {
         int32_t ids[64];
         size_t n = tokenize(v, t, strlen(t), false, false, ids, 64);
         size_t len, slen;
-        char *d = detokenize(v, ids, n, true, false, &len);
+        char *d = sb_test_detokenize(v, ids, n, true, false, &len);
         assert_int_equal(len, strlen(t)); /* byte fallback gives the bytes back */
         assert_memory_equal(d, t, len);
-        char *s = stream(v, ids, n, true, &slen); /* every chunk checked to be valid UTF-8 */
-        assert_true(valid_utf8(s, slen));
+        char *s = sb_test_stream(v, ids, n, true, false, &slen); /* every chunk checked to be valid UTF-8 */
+        assert_true(sb_test_valid_utf8(s, slen));
         free(s);
         free(d);
     }
     /* "\xe4" announces 3 bytes, so llama.cpp's cut takes "A" along into byte fallback */
     int32_t ids[8];
     size_t n = tokenize(v, "\xe4\x41", 2, false, false, ids, 8);
-    assert_ids(ids, n, (const int32_t[]){29871, 0xE4 + 3, 0x41 + 3}, 3);
+    sb_test_assert_ids(ids, n, (const int32_t[]){29871, 0xE4 + 3, 0x41 + 3}, 3);
     sb_vocab_free(v);
 }
 
 static void test_stream_holds_split_characters(void **state) {
     (void)state;
-    sb_vocab *v = load_fixture("models/llama2-vocab-tiny-random.gguf");
+    sb_vocab *v = sb_test_load_vocab("models/llama2-vocab-tiny-random.gguf");
     sb_error err = {0};
     sb_detok_t *d = NULL;
     char out[64];
@@ -352,7 +263,7 @@ static void test_stream_holds_split_characters(void **state) {
 
 static void test_long_inputs(void **state) {
     (void)state;
-    sb_vocab *v = load_fixture("models/llama2-vocab-tiny-random.gguf");
+    sb_vocab *v = sb_test_load_vocab("models/llama2-vocab-tiny-random.gguf");
     /* a run of one letter and a long pseudo-random text: quadratic merging would crawl */
     static const char *const alphabet[] = {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j",
                                            " ", "k", "l", "m", "n", "o", "p", "\n", "\xc3\xa9"};
@@ -374,7 +285,7 @@ static void test_long_inputs(void **state) {
         assert_non_null(ids);
         assert_int_equal(tokenize(v, t, len, false, false, ids, need), need);
         size_t dlen;
-        char *d = detokenize(v, ids, need, true, false, &dlen);
+        char *d = sb_test_detokenize(v, ids, need, true, false, &dlen);
         assert_int_equal(dlen, len);
         assert_memory_equal(d, t, len);
         free(d);
@@ -472,15 +383,15 @@ static void test_merge_order(void **state) {
     synth sy = {.extra = tok, .scores = scores, .n_extra = 6};
     assert_int_equal(load_synthetic(&sy, &v, &err), SB_OK);
     size_t n = tokenize(v, "abc", 3, false, false, ids, 16);
-    assert_ids(ids, n, (const int32_t[]){259, 263, 262}, 3); /* equal scores: leftmost pair first */
+    sb_test_assert_ids(ids, n, (const int32_t[]){259, 263, 262}, 3); /* equal scores: leftmost pair first */
     sb_vocab_free(v);
 
     scores[5] = -0.5f;
     assert_int_equal(load_synthetic(&sy, &v, &err), SB_OK);
     n = tokenize(v, "abc", 3, false, false, ids, 16);
-    assert_ids(ids, n, (const int32_t[]){259, 260, 264}, 3); /* higher score wins */
+    sb_test_assert_ids(ids, n, (const int32_t[]){259, 260, 264}, 3); /* higher score wins */
     n = tokenize(v, "abxc", 4, false, false, ids, 16);
-    assert_ids(ids, n, (const int32_t[]){259, 263, 'x' + 3, 262}, 4); /* unknown char: byte token */
+    sb_test_assert_ids(ids, n, (const int32_t[]){259, 263, 'x' + 3, 262}, 4); /* unknown char: byte token */
     sb_vocab_free(v);
 }
 
@@ -496,16 +407,16 @@ static void test_user_defined_and_options(void **state) {
     assert_int_equal(load_synthetic(&sy, &v, &err), SB_OK);
     /* user-defined tokens are split out even without parse_special */
     size_t n = tokenize(v, "a<tag>a", 7, false, false, ids, 16);
-    assert_ids(ids, n, (const int32_t[]){259, 260, 261, 259, 260}, 5);
+    sb_test_assert_ids(ids, n, (const int32_t[]){259, 260, 261, 259, 260}, 5);
     size_t len;
-    char *s = detokenize(v, ids, n, true, false, &len);
+    char *s = sb_test_detokenize(v, ids, n, true, false, &len);
     assert_string_equal(s, "a<tag> a");
     free(s);
     /* <|im_end|> becomes a control token that ends generation */
     assert_true(sb_vocab_is_eog(v, 262));
     n = tokenize(v, "<|im_end|>", 10, false, true, ids, 16);
-    assert_ids(ids, n, (const int32_t[]){262}, 1);
-    s = detokenize(v, ids, n, true, false, &len);
+    sb_test_assert_ids(ids, n, (const int32_t[]){262}, 1);
+    s = sb_test_detokenize(v, ids, n, true, false, &len);
     assert_string_equal(s, "");
     free(s);
     sb_vocab_free(v);
@@ -514,8 +425,8 @@ static void test_user_defined_and_options(void **state) {
     assert_int_equal(load_synthetic(&sy, &v, &err), SB_OK);
     assert_false(sb_vocab_add_bos(v));
     n = tokenize(v, "a a", 3, true, false, ids, 16);
-    assert_ids(ids, n, (const int32_t[]){260, 259, 260, 2}, 4); /* no dummy prefix; EOS added */
-    s = detokenize(v, (const int32_t[]){259, 260}, 2, true, false, &len);
+    sb_test_assert_ids(ids, n, (const int32_t[]){260, 259, 260, 2}, 4); /* no dummy prefix; EOS added */
+    s = sb_test_detokenize(v, (const int32_t[]){259, 260}, 2, true, false, &len);
     assert_string_equal(s, " a"); /* nothing to strip without the prefix */
     free(s);
     sb_vocab_free(v);
@@ -532,9 +443,9 @@ static void test_phi3_rstrip(void **state) {
     synth sy = {.extra = tok, .scores = scores, .types = types, .n_extra = 3, .name = "Phi-3 mini"};
     assert_int_equal(load_synthetic(&sy, &v, &err), SB_OK);
     size_t n = tokenize(v, "<|end|> \n a", 11, false, true, ids, 16);
-    assert_ids(ids, n, (const int32_t[]){261, 259, 260}, 3); /* whitespace after <|end|> dropped */
+    sb_test_assert_ids(ids, n, (const int32_t[]){261, 259, 260}, 3); /* whitespace after <|end|> dropped */
     n = tokenize(v, "<s> a", 5, false, true, ids, 16);
-    assert_ids(ids, n, (const int32_t[]){1, 259, 259, 260}, 4); /* but not after <s> */
+    sb_test_assert_ids(ids, n, (const int32_t[]){1, 259, 259, 260}, 4); /* but not after <s> */
     sb_vocab_free(v);
 }
 
