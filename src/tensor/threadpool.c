@@ -38,11 +38,15 @@
  * pool stops taking CPU from others within tens of microseconds. */
 #define SPIN_ITERATIONS 20000
 
-/* Every WINDOW parallel loops the caller checks how much of their time it
- * spent waiting for other threads' chunks; above a fifth (a quiet machine
- * waits for about half a chunk, a few percent) the next SOLO_LOOPS loops,
- * a few tokens' worth, run on the caller alone. */
-#define WINDOW 64
+/* Once the parallel loops of a window have taken WINDOW_NS in all, the
+ * caller checks how much of that time it spent waiting for other threads'
+ * chunks; above a fifth (a quiet machine waits for about half a chunk, a few
+ * percent) the next SOLO_LOOPS loops, a few tokens' worth, run on the caller
+ * alone. The window is long in time, not in loops, so that one hiccup (a
+ * worker's core taken away for a few milliseconds, as a virtual machine's
+ * host or a kernel thread does now and then) does not count as a neighbour:
+ * a sustained neighbour takes the worker's core every scheduler slice. */
+#define WINDOW_NS 50000000
 #define SOLO_LOOPS 2048
 
 typedef struct worker {
@@ -68,7 +72,6 @@ struct sb_threadpool {
     pthread_cond_t wake;
 
     /* Caller-side only: the straggler detector. */
-    int window_loops;
     int64_t window_wait_ns, window_total_ns;
     int solo_loops;
 };
@@ -212,10 +215,9 @@ void sb_threadpool_for(sb_threadpool *tp, int64_t n_chunks, sb_chunk_fn fn, void
     int64_t t2 = now_ns();
     tp->window_wait_ns += t2 - t1;
     tp->window_total_ns += t2 - t0;
-    if (++tp->window_loops == WINDOW) {
+    if (tp->window_total_ns >= WINDOW_NS) {
         if (tp->window_wait_ns * 5 > tp->window_total_ns)
             tp->solo_loops = SOLO_LOOPS;
-        tp->window_loops = 0;
         tp->window_wait_ns = tp->window_total_ns = 0;
     }
 }
