@@ -145,7 +145,7 @@ static void attend_group_head(void *arg, int64_t chunk, int ith) {
     const sb_hparams *hp = &f->model->hp;
     const sb_kernels *kern = sb_kernels_active();
     int32_t hd = hp->head_dim, q_dim = hp->n_head * hd, bs = j->kv->block_size;
-    size_t kv_stride = (size_t)j->kv->kv_dim * sizeof(float);
+    size_t kv_stride = (size_t)hd * sizeof(float);
     int32_t g = (int32_t)(chunk / hp->n_head), h = (int32_t)(chunk % hp->n_head);
     int32_t i0 = j->group_start[g], nq = j->group_start[g + 1] - i0;
     const sb_batch_token *bt0 = &j->batch[i0];
@@ -170,7 +170,7 @@ static void attend_group_head(void *arg, int64_t chunk, int ith) {
     }
     for (int32_t p = first; p <= last;) {
         int32_t slot = p % bs, run = SB_MIN(bs - slot, last + 1 - p);
-        const float *k0 = sb_kv_k(j->kv, j->il, blocks[p / bs], slot) + (size_t)kvh * hd;
+        const float *k0 = sb_kv_k(j->kv, j->il, blocks[p / bs], kvh, slot);
         kern->gemm[SB_TYPE_F32](hd, k0, kv_stride, run, q, q_stride, nq, scores + (p - first), (size_t)npos);
         p += run;
     }
@@ -187,7 +187,7 @@ static void attend_group_head(void *arg, int64_t chunk, int ith) {
         memset(oh, 0, (size_t)hd * sizeof(float));
         for (int32_t t = 0; t < n; t++) {
             int32_t p = from + t;
-            kern->axpy(hd, sc[t], sb_kv_v(j->kv, j->il, blocks[p / bs], p % bs) + (size_t)kvh * hd, oh);
+            kern->axpy(hd, sc[t], sb_kv_v(j->kv, j->il, blocks[p / bs], kvh, p % bs), oh);
         }
     }
 }
@@ -236,8 +236,10 @@ static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batc
         rope(qi, hp->n_head, hd, hp->n_rot, pos, hp->rope_freq_base, a->rope, freq_factors);
         rope(ki, hp->n_head_kv, hd, hp->n_rot, pos, hp->rope_freq_base, a->rope, freq_factors);
         int32_t block = batch[i].blocks[pos / kv->block_size], slot = pos % kv->block_size;
-        memcpy(sb_kv_k(kv, il, block, slot), ki, (size_t)kv_dim * sizeof(float));
-        memcpy(sb_kv_v(kv, il, block, slot), v + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float));
+        for (int32_t h = 0; h < hp->n_head_kv; h++) {
+            memcpy(sb_kv_k(kv, il, block, h, slot), ki + (size_t)h * hd, (size_t)hd * sizeof(float));
+            memcpy(sb_kv_v(kv, il, block, h, slot), v + (size_t)i * kv_dim + (size_t)h * hd, (size_t)hd * sizeof(float));
+        }
     }
 
     /* Groups: runs of tokens of one sequence at consecutive positions. */
@@ -377,9 +379,9 @@ void sb_forward_free(sb_forward *f) {
 
 sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t block_size, sb_error *err) {
     const sb_hparams *hp = &m->hp;
-    *kv = (sb_kv){.n_layer = hp->n_layer, .kv_dim = hp->n_head_kv * hp->head_dim, .block_size = block_size,
-                  .n_blocks = n_blocks};
-    size_t n = (size_t)hp->n_layer * (size_t)n_blocks * (size_t)block_size * (size_t)kv->kv_dim;
+    *kv = (sb_kv){.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+                  .block_size = block_size, .n_blocks = n_blocks};
+    size_t n = (size_t)hp->n_layer * (size_t)n_blocks * (size_t)block_size * (size_t)hp->n_head_kv * hp->head_dim;
     kv->k = sb_calloc(n, sizeof(float));
     kv->v = sb_calloc(n, sizeof(float));
     if (!kv->k || !kv->v) {

@@ -126,21 +126,28 @@ sb_status sb_arch_load(sb_model *m, sb_error *err);
  * layer, F32. A sequence owns a list of blocks (its block table): position
  * p lives in block table[p / block_size] at slot p % block_size. Who owns
  * which block is the caller's business (sb_ctx: one sequence holding all;
- * the engine: a block allocator with prefix sharing). */
+ * the engine: a block allocator with prefix sharing). Within a block the
+ * positions of one KV head are contiguous, so attention (one head at a
+ * time) reads each block's keys and values as one stream. */
 typedef struct sb_kv {
-    int32_t n_layer, kv_dim, block_size, n_blocks;
-    float *k; /* (n_layer, n_blocks, block_size, kv_dim) */
+    int32_t n_layer, n_head_kv, head_dim, block_size, n_blocks;
+    float *k; /* (n_layer, n_blocks, n_head_kv, block_size, head_dim) */
     float *v; /* same */
 } sb_kv;
 
 sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t block_size, sb_error *err);
 void sb_kv_free(sb_kv *kv);
 
-static inline float *sb_kv_k(const sb_kv *kv, int32_t layer, int32_t block, int32_t slot) {
-    return kv->k + (((size_t)layer * kv->n_blocks + (size_t)block) * kv->block_size + (size_t)slot) * kv->kv_dim;
+static inline size_t sb_kv_offset(const sb_kv *kv, int32_t layer, int32_t block, int32_t head, int32_t slot) {
+    return ((((size_t)layer * kv->n_blocks + (size_t)block) * kv->n_head_kv + (size_t)head) * kv->block_size +
+            (size_t)slot) *
+           kv->head_dim;
 }
-static inline float *sb_kv_v(const sb_kv *kv, int32_t layer, int32_t block, int32_t slot) {
-    return kv->v + (((size_t)layer * kv->n_blocks + (size_t)block) * kv->block_size + (size_t)slot) * kv->kv_dim;
+static inline float *sb_kv_k(const sb_kv *kv, int32_t layer, int32_t block, int32_t head, int32_t slot) {
+    return kv->k + sb_kv_offset(kv, layer, block, head, slot);
+}
+static inline float *sb_kv_v(const sb_kv *kv, int32_t layer, int32_t block, int32_t head, int32_t slot) {
+    return kv->v + sb_kv_offset(kv, layer, block, head, slot);
 }
 
 /* ---- the batched forward pass -------------------------------------------- */

@@ -24,9 +24,10 @@
  * instantiated with constants, so each instance keeps its accumulators in
  * registers.
  *
- * With many tokens the AVX-512 level takes other paths (qg_gemm for the
- * block formats, fg_gemm for F16/BF16) that repack or convert operands into
- * per-thread scratch first; same lanes, same operations, same bytes.
+ * With several tokens the AVX-512 level takes other paths (qs_gemm for the
+ * block formats, fg_gemm for F16/BF16 from FG_MIN_NT tokens) that unpack or
+ * convert operands into per-thread scratch first; same lanes, same
+ * operations, same bytes.
  */
 #ifndef SBX_AVX512
 #error "include from kernels-avx2.c or kernels-avx512.c"
@@ -400,69 +401,60 @@ SBX_ALWAYS void q_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t 
     }
 }
 
-/* ==== AVX-512 prompt gemm of the block formats ========================== */
+/* ==== AVX-512 gemm of the block formats, several tokens ================ */
 
 #if SBX_AVX512
-/* Many tokens (nt >= QG_MIN_NT): the float work the reference prescribes per
- * (row, token) pair and block - one scale product d_w*d_x, and per lane a
- * conversion and an fma - bounds the speed, so each zmm operation serves 16
- * (pair, lane) slots: slot 4m + 2i + j holds row m of a quad of rows, lane
- * 2h + i of a lane pair h (0..3), token j of a token pair. A tile is 8 rows
- * (2 quads) x 4 tokens (2 pairs), 16 accumulators, the 8 weight vectors of
- * a block held in registers for the 4 tokens.
+/* Two or more tokens (a prompt, or several sequences decoding at once): the
+ * float work the reference prescribes per (row, token) pair and block - one
+ * scale product d_w*d_x, and per lane a conversion and an fma - bounds the
+ * speed, so each zmm operation serves 16 (pair, lane) slots. A tile of 8
+ * weight rows is unpacked once into L1-sized scratch, per block the four
+ * lane-pair vectors (slot 2m + i of vector h holds row m's lane 2h + i, as
+ * the decode path's unsigned quants) and the rows' d_w (and m_w) in slots 2m
+ * and 2m + 1; then the tokens pass over it QS_T at a time, each block and
+ * lane pair one vpdpbusd against the token's 8 lane bytes broadcast, and
+ * two float operations.
  *
- * Both operands are repacked once per call into per-thread scratch (the
- * GGUF bytes stay as they are):
- *   - weights, per tile and block: for each quad q and lane pair h a zmm of
- *     the rows' unsigned quant bytes (as the decode path makes them) laid
- *     out as above, each row-lane twice (j = 0, 1); then per quad the rows'
- *     d_w (and m_w) as floats, 4 times each;
- *   - activations, per token pair and block: 64 bytes of quants, lane l of
- *     token j at 8l + 4j, so the 16 bytes at 16h are a lane pair's, ready
- *     for a 128-bit broadcast; likewise the int32 starting value of each
- *     lane sum, QG_MAGIC - bias * (sum of the lane's 4 quants); the two
- *     d_x (and s_x) as floats.
- * The lane loop is then two 16-byte broadcast loads per token pair and lane
- * pair, and per quad a vpdpbusd and two float operations. The starting
- * value carries the bias correction (exact, as on the decode path) and
+ * The activations' lane starting values and scales are computed once per
+ * call into scratch: QS_MAGIC - bias * (sum of the lane's 4 quants), which
+ * carries the bias correction (exact, as on the decode path) and
  * 0x4b400000, the float 1.5*2^23: the int32 result is that float plus the
  * lane sum (|sum| < 2^22), and subtracting 1.5*2^23 gives exactly
- * (float)sum, on either vector port (vcvtdq2ps would add a uop). */
-#define QG_MAGIC 0x4b400000
-#define QG_MIN_NT 4 /* fewer tokens: the tiles above (repacking costs more than it saves) */
-#define QG_XGROUP (192 * 1024) /* bytes of packed activations per token group (L2-resident) */
-#define QG_WBLOCK (512 * 1024) /* bytes of packed weights per block of rows (L2-resident) */
-
-SBX_ALWAYS size_t qg_wbytes(fmt f) { return 8 * 64 + 2 * 64 + (has_min(f) ? 2 * 64 : 0); } /* per block, tile */
-enum { QG_XB = 8 * 8 + 8 * 8 + 8 + 8 };                                                 /* per block, pair */
+ * (float)sum, on either vector port (vcvtdq2ps would add a uop). The
+ * quants are read from the Q8 rows as they are. */
+#define QS_MAGIC 0x4b400000
+#define QS_MIN_NT 2
+#define QS_T 4                   /* tokens per pass: 16 accumulators */
+#define QS_XGROUP (768 * 1024)   /* bytes of activations per token group (L2-resident) */
+enum { QS_XB = 8 * 4 + 4 + 4 }; /* per token and block: lane starting values, d_x, s_x */
 
 /* Per-thread scratch: a weight area and an activation area, grown on
  * demand, freed when the thread exits. */
 typedef struct {
     uint8_t *p[2];
     size_t cap[2];
-} qg_scratch;
-static pthread_key_t qg_key;
-static pthread_once_t qg_once = PTHREAD_ONCE_INIT;
-static bool qg_key_ok;
+} scratch_areas;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static bool scratch_key_ok;
 
-static void qg_scratch_free(void *v) {
-    qg_scratch *s = v;
+static void scratch_free(void *v) {
+    scratch_areas *s = v;
     free(s->p[0]);
     free(s->p[1]);
     free(s);
 }
-static void qg_key_init(void) { qg_key_ok = pthread_key_create(&qg_key, qg_scratch_free) == 0; }
+static void scratch_key_init(void) { scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0; }
 
 /* Area i of at least `bytes` bytes, 64-aligned; NULL if out of memory. */
-static uint8_t *qg_area(int i, size_t bytes) {
-    pthread_once(&qg_once, qg_key_init);
-    if (!qg_key_ok)
+static uint8_t *scratch_area(int i, size_t bytes) {
+    pthread_once(&scratch_once, scratch_key_init);
+    if (!scratch_key_ok)
         return NULL;
-    qg_scratch *s = pthread_getspecific(qg_key);
+    scratch_areas *s = pthread_getspecific(scratch_key);
     if (!s) {
         s = calloc(1, sizeof(*s));
-        if (!s || pthread_setspecific(qg_key, s) != 0) {
+        if (!s || pthread_setspecific(scratch_key, s) != 0) {
             free(s);
             return NULL;
         }
@@ -476,179 +468,137 @@ static uint8_t *qg_area(int i, size_t bytes) {
     return s->p[i];
 }
 
-/* One tile of `rows` (1..8) weight rows, all nb blocks, into dst. Rows past
- * `rows` repeat the last one (their results are not stored). */
-SBX_ALWAYS void qg_pack_w(fmt f, const uint8_t *w, size_t ws, int rows, int64_t nb, uint8_t *dst) {
-    const size_t wsz = q_wsize(f), wb = qg_wbytes(f);
+SBX_ALWAYS size_t qs_wbytes(fmt f) { return (size_t)(has_min(f) ? 6 : 5) * 64; }
+
+/* Rows w .. w + rows - 1 (rows <= 8; missing rows repeat the last), all nb
+ * blocks, into dst. */
+SBX_ALWAYS void qs_unpack(fmt f, const uint8_t *w, size_t ws, int rows, int64_t nb, uint8_t *dst) {
+    const size_t wsz = q_wsize(f), wb = qs_wbytes(f);
     const uint8_t *rp[8];
     for (int k = 0; k < 8; k++)
         rp[k] = w + (size_t)(k < rows ? k : rows - 1) * ws;
-    /* From [row 0 | row 1] and [row 2 | row 3] (dwords 0-15, 16-31): slot
-     * 4m+2i+j takes row m's lane 2h+i, dword 8m + 2h + i. */
-    const __m512i ia = _mm512_setr_epi32(0, 0, 1, 1, 8, 8, 9, 9, 16, 16, 17, 17, 24, 24, 25, 25);
-    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    /* Qword h of rows 0-3 then qword h+1 of rows 0-3, from [q0|q1] and [q2|q3]. */
+    const __m512i sel01 = _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13), sel23 = _mm512_add_epi64(sel01, _mm512_set1_epi64(2));
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int64_t b = 0; b < nb; b++, dst += wb) {
-        __m256i q[8];
+        /* The next tile's rows, as the decode tiles do; from L3 the loads
+         * of 8 interleaved short rows otherwise wait on every line. */
+        prefetch_ahead(w + 8 * ws + (size_t)b * 8 * wsz, 8 * wsz);
+        __m512i pr[4];
         uint16_t d[8], m[8];
-        for (int k = 0; k < 8; k++) {
-            const uint8_t *blk = rp[k] + (size_t)b * wsz;
-            q[k] = w_decode(f, blk).q;
-            d[k] = load_u16(blk);
-            m[k] = has_min(f) ? load_u16(blk + 2) : 0;
+        for (int k = 0; k < 8; k += 2) {
+            const uint8_t *b0 = rp[k] + (size_t)b * wsz, *b1 = rp[k + 1] + (size_t)b * wsz;
+            pr[k / 2] = _mm512_inserti64x4(_mm512_castsi256_si512(w_decode(f, b0).q), w_decode(f, b1).q, 1);
+            d[k] = load_u16(b0), d[k + 1] = load_u16(b1);
+            m[k] = has_min(f) ? load_u16(b0 + 2) : 0, m[k + 1] = has_min(f) ? load_u16(b1 + 2) : 0;
+        }
+        for (int hp = 0; hp < 2; hp++) {
+            const __m512i sel = hp ? sel23 : sel01;
+            const __m512i a = _mm512_permutex2var_epi64(pr[0], sel, pr[1]), c = _mm512_permutex2var_epi64(pr[2], sel, pr[3]);
+            _mm512_store_si512((__m512i *)(dst + 64 * (2 * hp)), _mm512_shuffle_i64x2(a, c, 0x44));
+            _mm512_store_si512((__m512i *)(dst + 64 * (2 * hp + 1)), _mm512_shuffle_i64x2(a, c, 0xee));
         }
         const __m512 d8 = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d)));
-        const __m512 m8 = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)m)));
-        for (int qd = 0; qd < 2; qd++) {
-            const __m512i lo = _mm512_inserti64x4(_mm512_castsi256_si512(q[4 * qd]), q[4 * qd + 1], 1);
-            const __m512i hi = _mm512_inserti64x4(_mm512_castsi256_si512(q[4 * qd + 2]), q[4 * qd + 3], 1);
-            for (int h = 0; h < 4; h++)
-                _mm512_store_si512((__m512i *)(dst + 64 * (4 * qd + h)),
-                                   _mm512_permutex2var_epi32(lo, _mm512_add_epi32(ia, _mm512_set1_epi32(2 * h)), hi));
-            const __m512i iq = _mm512_add_epi32(quad, _mm512_set1_epi32(4 * qd));
-            _mm512_store_ps(dst + 512 + 64 * qd, _mm512_permutexvar_ps(iq, d8));
-            if (has_min(f))
-                _mm512_store_ps(dst + 640 + 64 * qd, _mm512_permutexvar_ps(iq, m8));
+        _mm512_store_ps(dst + 256, _mm512_permutexvar_ps(dup, d8));
+        if (has_min(f)) {
+            const __m512 m8 = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)m)));
+            _mm512_store_ps(dst + 320, _mm512_permutexvar_ps(dup, m8));
         }
     }
 }
 
-/* Tokens x0 and x1 (maybe the same), all nb blocks, into dst. */
-SBX_ALWAYS void qg_pack_x(fmt f, const uint8_t *x0, const uint8_t *x1, int64_t nb, uint8_t *dst) {
+/* Token t's nb blocks: the lane starting values, d_x and s_x, into dst. */
+SBX_ALWAYS void qs_pack_x(fmt f, const uint8_t *x, int64_t nb, uint8_t *dst) {
     const size_t xsz = q_xsize(f), qo = has_min(f) ? 4 : 2;
     const int bias = q_bias(f);
-    const __m512i il = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    for (int64_t b = 0; b < nb; b++, dst += QG_XB, x0 += xsz, x1 += xsz) {
-        const __m512i v = _mm512_permutex2var_epi32(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x0 + qo))), il,
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x1 + qo))));
-        _mm512_storeu_si512((__m512i *)dst, v);
+    for (int64_t b = 0; b < nb; b++, x += xsz, dst += QS_XB) {
+        __m256i c = _mm256_set1_epi32(QS_MAGIC);
         if (bias)
-            _mm512_storeu_si512((__m512i *)(dst + 64),
-                                _mm512_sub_epi32(_mm512_set1_epi32(QG_MAGIC),
-                                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                                                     _mm512_set1_epi8((char)bias), v)));
-        const float s[4] = {_cvtsh_ss(load_u16(x0)), _cvtsh_ss(load_u16(x1)),
-                            has_min(f) ? _cvtsh_ss(load_u16(x0 + 2)) : 0.0f,
-                            has_min(f) ? _cvtsh_ss(load_u16(x1 + 2)) : 0.0f};
-        memcpy(dst + 128, s, sizeof(s));
+            c = _mm256_sub_epi32(c, _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)bias),
+                                                        _mm256_loadu_si256((const __m256i *)(x + qo))));
+        _mm256_storeu_si256((__m256i *)dst, c);
+        const float s[2] = {_cvtsh_ss(load_u16(x)), has_min(f) ? _cvtsh_ss(load_u16(x + 2)) : 0.0f};
+        memcpy(dst + 32, s, sizeof(s));
     }
 }
 
-SBX_ALWAYS __m512i bcast16(const uint8_t *p) {
-    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p));
-}
-SBX_ALWAYS __m512 bcast8f(const uint8_t *p) {
-    double v;
+SBX_ALWAYS __m512i bcast64(const uint8_t *p) {
+    int64_t v;
     memcpy(&v, p, sizeof(v));
-    return _mm512_castpd_ps(_mm512_set1_pd(v));
+    return _mm512_set1_epi64(v);
+}
+SBX_ALWAYS __m512 bcast32f(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, sizeof(v));
+    return _mm512_set1_ps(v);
 }
 
-/* P token pairs (xp, xp + xps, ...) with one packed weight tile; out[p][q]
- * slot 4m+j = the result of row 4q+m, token j of pair p. */
-SBX_ALWAYS void qg_tile(fmt f, int P, int64_t nb, const uint8_t *wt, const uint8_t *xp, size_t xps,
-                        __m512 out[2][2]) {
-    const size_t wb = qg_wbytes(f);
-    const __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32(QG_MAGIC));
-    __m512 acc[2][2][4], mins[2][2];
-    SBX_UNROLL for (int p = 0; p < P; p++)
-        SBX_UNROLL for (int q = 0; q < 2; q++) {
-            mins[p][q] = _mm512_setzero_ps();
-            SBX_UNROLL for (int h = 0; h < 4; h++)
-                acc[p][q][h] = _mm512_setzero_ps();
-        }
-    for (int64_t b = 0; b < nb; b++, wt += wb, xp += QG_XB) {
-        __m512i wq[2][4];
-        SBX_UNROLL for (int q = 0; q < 2; q++)
+/* T tokens against one unpacked tile: y[t*ldy + m] for rows m < rows. */
+SBX_ALWAYS void qs_tile(fmt f, int T, int64_t nb, const uint8_t *wt, const uint8_t *x, size_t xs, const uint8_t *xc,
+                        size_t xcs, int rows, float *y, size_t ldy) {
+    const size_t wb = qs_wbytes(f), xsz = q_xsize(f), qo = has_min(f) ? 4 : 2;
+    const __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32(QS_MAGIC));
+    __m512 acc[QS_T][4], mins[QS_T];
+    SBX_UNROLL for (int t = 0; t < T; t++) {
+        mins[t] = _mm512_setzero_ps();
+        SBX_UNROLL for (int h = 0; h < 4; h++)
+            acc[t][h] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++, wt += wb) {
+        __m512i wq[4];
+        SBX_UNROLL for (int h = 0; h < 4; h++)
+            wq[h] = _mm512_load_si512((const __m512i *)(wt + 64 * h));
+        const __m512 dw = _mm512_load_ps(wt + 256);
+        SBX_UNROLL for (int t = 0; t < T; t++) {
+            const uint8_t *xb = xc + t * xcs + (size_t)b * QS_XB, *xq = x + t * xs + (size_t)b * xsz + qo;
+            const __m512 d = _mm512_mul_ps(dw, bcast32f(xb + 32));
             SBX_UNROLL for (int h = 0; h < 4; h++) {
-                wq[q][h] = _mm512_load_si512((const __m512i *)(wt + 64 * (4 * q + h)));
-                /* keeps them in registers for the P pairs (else gcc reloads) */
-                __asm__("" : "+v"(wq[q][h]));
+                const __m512i s = _mm512_dpbusd_epi32(bcast64(xb + 8 * h), wq[h], bcast64(xq + 8 * h));
+                acc[t][h] = _mm512_fmadd_ps(d, _mm512_sub_ps(_mm512_castsi512_ps(s), magic), acc[t][h]);
             }
-        SBX_UNROLL for (int p = 0; p < P; p++) {
-            const uint8_t *xb = xp + p * xps;
-            const __m512 dx = bcast8f(xb + 128);
-            __m512 d[2];
-            SBX_UNROLL for (int q = 0; q < 2; q++)
-                d[q] = _mm512_mul_ps(_mm512_load_ps(wt + 512 + 64 * q), dx);
-            SBX_UNROLL for (int h = 0; h < 4; h++) {
-                const __m512i xv = bcast16(xb + 16 * h);
-                const __m512i c = q_bias(f) ? bcast16(xb + 64 + 16 * h) : _mm512_set1_epi32(QG_MAGIC);
-                SBX_UNROLL for (int q = 0; q < 2; q++) {
-                    const __m512i s = _mm512_dpbusd_epi32(c, wq[q][h], xv);
-                    acc[p][q][h] = _mm512_fmadd_ps(d[q], _mm512_sub_ps(_mm512_castsi512_ps(s), magic), acc[p][q][h]);
-                }
-            }
-            if (has_min(f)) {
-                const __m512 sx = bcast8f(xb + 136);
-                SBX_UNROLL for (int q = 0; q < 2; q++)
-                    mins[p][q] = _mm512_add_ps(mins[p][q], _mm512_mul_ps(_mm512_load_ps(wt + 640 + 64 * q), sx));
-            }
+            if (has_min(f))
+                mins[t] = _mm512_add_ps(mins[t], _mm512_mul_ps(_mm512_load_ps(wt + 320), bcast32f(xb + 36)));
         }
     }
-    /* Slot i = 0 of lane pair h is lane 2h, i = 1 lane 2h+1: (h2 + h0) holds
-     * r0 = l4+l0 and r1 = l5+l1, (h3 + h1) r2 and r3; their sum (r0+r2) and
-     * (r1+r3), added across i. */
-    SBX_UNROLL for (int p = 0; p < P; p++)
-        SBX_UNROLL for (int q = 0; q < 2; q++) {
-            const __m512 u = _mm512_add_ps(acc[p][q][2], acc[p][q][0]), v = _mm512_add_ps(acc[p][q][3], acc[p][q][1]);
-            const __m512 s = _mm512_add_ps(u, v);
-            out[p][q] = _mm512_add_ps(_mm512_add_ps(s, _mm512_permute_ps(s, 0x4e)), mins[p][q]);
-        }
+    /* Slot 2m + i of lane pair h is lane 2h + i: (h0 + h2) holds l0+l4 and
+     * l1+l5, (h1 + h3) l2+l6 and l3+l7; their sum, added across i. */
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    SBX_UNROLL for (int t = 0; t < T; t++) {
+        const __m512 s = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][2]), _mm512_add_ps(acc[t][1], acc[t][3]));
+        const __m512 r = _mm512_add_ps(_mm512_add_ps(s, _mm512_permute_ps(s, 0xb1)), mins[t]);
+        _mm256_mask_storeu_ps(y + (size_t)t * ldy, (__mmask8)((1u << rows) - 1),
+                              _mm512_castps512_ps256(_mm512_permutexvar_ps(even, r)));
+    }
 }
 
-/* Slots 4m+j of v[q] -> y[(t+j)*ldy + 4q+m] for rows 4q+m < rows, j < toks. */
-SBX_ALWAYS void qg_store(const __m512 v[2], int rows, int toks, float *y, size_t ldy) {
-    _Alignas(64) float o[2][16];
-    _mm512_store_ps(o[0], v[0]);
-    _mm512_store_ps(o[1], v[1]);
-    for (int j = 0; j < toks; j++)
-        for (int k = 0; k < rows; k++)
-            y[(size_t)j * ldy + (size_t)k] = o[k / 4][4 * (k % 4) + j];
-}
-
-/* Rows in blocks whose packed weights stay in L2 (QG_WBLOCK bytes), each
- * against all tokens, in groups whose packed activations stay there too
- * (QG_XGROUP). Returns false (nothing done) if scratch could not be had. */
-SBX_ALWAYS bool qg_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t nr, const uint8_t *x, size_t xs,
+/* Tokens in groups whose activations (Q8 rows and packed terms) stay in L2
+ * while every row tile passes over them; each group unpacks the tiles
+ * again, which costs little against a group's many tokens. Returns false
+ * (nothing done) if scratch could not be had. */
+SBX_ALWAYS bool qs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t nr, const uint8_t *x, size_t xs,
                         int64_t nt, float *y, size_t ldy) {
-    const int64_t nb = n / SB_QK, npairs = (nt + 1) / 2;
-    const size_t tile_bytes = (size_t)nb * qg_wbytes(f), pair_bytes = (size_t)nb * QG_XB;
-    int64_t group = (int64_t)(QG_XGROUP / pair_bytes); /* token pairs per group */
-    group = group < 2 ? 2 : group > npairs ? npairs : group;
-    int64_t tiles = (int64_t)(QG_WBLOCK / tile_bytes); /* row tiles per block */
-    tiles = tiles < 1 ? 1 : tiles > (nr + 7) / 8 ? (nr + 7) / 8 : tiles;
-    uint8_t *wsc = qg_area(0, tile_bytes * (size_t)tiles), *xsc = qg_area(1, pair_bytes * (size_t)group);
-    if (!wsc || !xsc)
+    const int64_t nb = n / SB_QK;
+    const size_t xcs = (size_t)nb * QS_XB;
+    int64_t group = (int64_t)(QS_XGROUP / (xcs + xs)) / QS_T * QS_T;
+    group = group < QS_T ? QS_T : group > nt ? nt : group;
+    uint8_t *wsc = scratch_area(0, (size_t)nb * qs_wbytes(f)), *xc = scratch_area(1, xcs * (size_t)group);
+    if (!wsc || !xc)
         return false;
-    for (int64_t r0 = 0; r0 < nr; r0 += 8 * tiles) {
-        const int64_t ntl = (nr - r0 + 7) / 8 < tiles ? (nr - r0 + 7) / 8 : tiles;
-        for (int64_t i = 0; i < ntl; i++) {
-            const int64_t r = r0 + 8 * i;
-            qg_pack_w(f, w + (size_t)r * ws, ws, nr - r < 8 ? (int)(nr - r) : 8, nb, wsc + (size_t)i * tile_bytes);
-        }
-        for (int64_t p0 = 0; p0 < npairs; p0 += group) {
-            const int64_t g = npairs - p0 < group ? npairs - p0 : group;
-            for (int64_t p = 0; p < g; p++) {
-                const int64_t t = 2 * (p0 + p);
-                qg_pack_x(f, x + (size_t)t * xs, x + (size_t)(t + 1 < nt ? t + 1 : t) * xs, nb,
-                          xsc + (size_t)p * pair_bytes);
-            }
-            for (int64_t i = 0; i < ntl; i++) {
-                const int64_t r = r0 + 8 * i;
-                const int rows = nr - r < 8 ? (int)(nr - r) : 8;
-                const uint8_t *wt = wsc + (size_t)i * tile_bytes;
-                for (int64_t p = 0; p < g;) {
-                    const int P = p + 2 <= g ? 2 : 1;
-                    __m512 out[2][2];
-                    if (P == 2)
-                        qg_tile(f, 2, nb, wt, xsc + (size_t)p * pair_bytes, pair_bytes, out);
-                    else
-                        qg_tile(f, 1, nb, wt, xsc + (size_t)p * pair_bytes, pair_bytes, out);
-                    for (int q = 0; q < P; q++) {
-                        const int64_t t = 2 * (p0 + p + q);
-                        qg_store(out[q], rows, nt - t < 2 ? 1 : 2, y + (size_t)t * ldy + (size_t)r, ldy);
-                    }
-                    p += P;
+    for (int64_t t0 = 0; t0 < nt; t0 += group) {
+        const int64_t g = nt - t0 < group ? nt - t0 : group;
+        for (int64_t t = 0; t < g; t++)
+            qs_pack_x(f, x + (size_t)(t0 + t) * xs, nb, xc + (size_t)t * xcs);
+        for (int64_t r = 0; r < nr; r += 8) {
+            const int rows = nr - r < 8 ? (int)(nr - r) : 8;
+            qs_unpack(f, w + (size_t)r * ws, ws, rows, nb, wsc);
+            for (int64_t t = 0; t < g; t += QS_T) {
+                const uint8_t *xt = x + (size_t)(t0 + t) * xs, *xct = xc + (size_t)t * xcs;
+                float *yt = y + (size_t)(t0 + t) * ldy + (size_t)r;
+                switch (g - t < QS_T ? g - t : QS_T) {
+                case 1: qs_tile(f, 1, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy); break;
+                case 2: qs_tile(f, 2, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy); break;
+                case 3: qs_tile(f, 3, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy); break;
+                default: qs_tile(f, 4, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy); break;
                 }
             }
         }
@@ -660,13 +610,14 @@ SBX_ALWAYS bool qg_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
  * are converted to F32 once (exact) into scratch, so that a tile of FGR rows
  * x FGT tokens spends its vector work on the reference's fmas and on
  * converting the weights, once per FGT tokens. Same lanes, same order. */
+#define FG_MIN_NT 4         /* fewer tokens: the tiles below (converting costs more than it saves) */
 #define FG_XGROUP (256 * 1024) /* bytes of converted activations per token group */
 SBX_ALWAYS bool fg_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t nr, const uint8_t *x, size_t xs,
                         int64_t nt, float *y, size_t ldy) {
     const size_t row = (size_t)n * sizeof(float);
     int64_t group = (int64_t)(FG_XGROUP / row) / FGT * FGT;
     group = group < FGT ? FGT : group > nt ? nt : group;
-    float *xf = (float *)qg_area(1, row * (size_t)group);
+    float *xf = (float *)scratch_area(1, row * (size_t)group);
     if (!xf)
         return false;
     for (int64_t t0 = 0; t0 < nt; t0 += group) {
@@ -721,9 +672,9 @@ SBX_ALWAYS void gemm(fmt f, int64_t n, const void *wv, size_t ws, int64_t nr, co
     const uint8_t *w = wv, *x = xv;
     int64_t r = 0;
 #if SBX_AVX512
-    if (!is_float(f) && nt >= QG_MIN_NT && qg_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
+    if (!is_float(f) && nt >= QS_MIN_NT && qs_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
         return;
-    if ((f == F_F16 || f == F_BF16) && nt >= QG_MIN_NT && fg_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
+    if ((f == F_F16 || f == F_BF16) && nt >= FG_MIN_NT && fg_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
         return;
 #endif
     if (nt == 1) {
