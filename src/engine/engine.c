@@ -59,6 +59,13 @@ typedef struct seq {
     double t_submit, t_first;
     bool cancelled;
     int32_t planned; /* tokens in this step's batch */
+
+    /* This step's sample, drawn in parallel with the other sequences'. */
+    const float *logits;
+    int32_t sampled;
+    float sampled_logprob;
+    sb_top_logprob top[MAX_TOP_LOGPROBS];
+    int32_t n_top;
 } seq;
 
 struct sb_engine {
@@ -73,7 +80,8 @@ struct sb_engine {
     int32_t n_running;
     seq *waiting, *waiting_tail;
     int64_t n_admitted;
-    float *logprobs; /* (n_vocab) scratch */
+    seq **sampling;  /* n_parallel: the sequences sampled this step */
+    float *logprobs; /* (n_threads, n_vocab) scratch */
 
     pthread_t thread;
     pthread_mutex_t lock;
@@ -240,9 +248,8 @@ static void finish(sb_engine *e, seq *s, sb_finish why, const char *error) {
     s->cb(s->user, &ev);
 }
 
-/* log-softmax of logits into e->logprobs; returns the chosen token's. */
-static float log_softmax(sb_engine *e, const float *logits, int32_t tok) {
-    int32_t n = e->model->hp.n_vocab;
+/* log-softmax of logits into out; returns the chosen token's. */
+static float log_softmax(int32_t n, const float *logits, int32_t tok, float *out) {
     float max = logits[0];
     for (int32_t i = 1; i < n; i++)
         max = logits[i] > max ? logits[i] : max;
@@ -251,15 +258,15 @@ static float log_softmax(sb_engine *e, const float *logits, int32_t tok) {
         sum += exp((double)(logits[i] - max));
     float lse = max + (float)log(sum);
     for (int32_t i = 0; i < n; i++)
-        e->logprobs[i] = logits[i] - lse;
-    return e->logprobs[tok];
+        out[i] = logits[i] - lse;
+    return out[tok];
 }
 
-/* The k most likely tokens of e->logprobs, most likely first (k <= 20). */
-static int32_t top_k(const sb_engine *e, int32_t k, sb_top_logprob *out) {
+/* The k most likely of n_vocab log-probabilities, most likely first (k <= 20). */
+static int32_t top_k(int32_t n_vocab, const float *logprobs, int32_t k, sb_top_logprob *out) {
     int32_t n = 0;
-    for (int32_t i = 0; i < e->model->hp.n_vocab; i++) {
-        float lp = e->logprobs[i];
+    for (int32_t i = 0; i < n_vocab; i++) {
+        float lp = logprobs[i];
         if (n == k && lp <= out[n - 1].logprob)
             continue;
         int32_t j = n < k ? n++ : k - 1;
@@ -272,12 +279,28 @@ static int32_t top_k(const sb_engine *e, int32_t k, sb_top_logprob *out) {
     return n;
 }
 
-/* Samples the next token of a sequence whose tokens are all computed and
- * reports it; returns false when the sequence has finished (and been freed
- * by its owner: the caller removes it). */
-static bool advance(sb_engine *e, seq *s, const float *logits, sb_finish *why) {
+/* Chunk i of the step's sampling loop: draws sequence i's next token (and
+ * its log-probabilities if asked) from its logits. Samplers are per
+ * sequence, so sequences sample on any thread, in parallel. */
+static void sample_one(void *arg, int64_t i, int ith) {
+    sb_engine *e = arg;
+    seq *s = e->sampling[i];
+    const int32_t n_vocab = e->model->hp.n_vocab;
+    s->sampled = sb_sampler_sample(s->sampler, s->logits);
+    s->n_top = 0;
+    if (s->p.logprobs || s->p.top_logprobs > 0) {
+        float *lp = e->logprobs + (size_t)ith * n_vocab;
+        s->sampled_logprob = log_softmax(n_vocab, s->logits, s->sampled, lp);
+        s->n_top = top_k(n_vocab, lp, s->p.top_logprobs, s->top);
+    }
+}
+
+/* Reports the token sample_one drew for a sequence whose tokens are all
+ * computed; returns false when the sequence has finished (and been freed by
+ * its owner: the caller removes it). */
+static bool advance(sb_engine *e, seq *s, sb_finish *why) {
     const sb_model *m = e->model;
-    int32_t tok = sb_sampler_sample(s->sampler, logits);
+    int32_t tok = s->sampled;
     if (s->t_first == 0)
         s->t_first = now_s();
     if (sb_model_token_is_eog(m, tok) && !s->p.ignore_eos) {
@@ -291,11 +314,10 @@ static bool advance(sb_engine *e, seq *s, const float *logits, sb_finish *why) {
     sb_sampler_accept(s->sampler, tok);
     s->n_generated++;
     sb_gen_event ev = {.kind = SB_GEN_TOKEN, .token = tok};
-    sb_top_logprob top[MAX_TOP_LOGPROBS];
     if (s->p.logprobs || s->p.top_logprobs > 0) {
-        ev.logprob = log_softmax(e, logits, tok);
-        ev.n_top = top_k(e, s->p.top_logprobs, top);
-        ev.top = top;
+        ev.logprob = s->sampled_logprob;
+        ev.n_top = s->n_top;
+        ev.top = s->top;
     }
     char piece[256];
     size_t k = sb_detok_push(s->detok, tok, false, piece, sizeof(piece));
@@ -493,9 +515,19 @@ static bool step(sb_engine *e) {
         return true;
     sb_forward_run(&e->fwd, &e->kv, e->batch, n);
 
-    /* Results, in batch order: logits rows belong to the sequences whose
-     * last token was in the batch. */
-    int32_t row = 0, bi = 0;
+    /* Logits rows, in batch order, belong to the sequences whose last token
+     * was in the batch; they sample together. */
+    int32_t n_sampling = 0;
+    for (int32_t i = 0; i < e->n_running; i++) {
+        seq *s = e->running[i];
+        if (s->planned && s->n_computed + s->planned == s->n_tokens && !s->p.embedding) {
+            s->logits = e->fwd.logits + (size_t)n_sampling * e->model->hp.n_vocab;
+            e->sampling[n_sampling++] = s;
+        }
+    }
+    sb_threadpool_for(e->pool, n_sampling, sample_one, e);
+
+    int32_t bi = 0;
     uint64_t computed = 0, generated = 0;
     for (int32_t i = 0; i < e->n_running;) {
         seq *s = e->running[i];
@@ -526,7 +558,7 @@ static bool step(sb_engine *e) {
             s->t_first = now_s();
             why = SB_FINISH_STOP;
         } else if (done_prompt) {
-            bool more = advance(e, s, e->fwd.logits + (size_t)row++ * e->model->hp.n_vocab, &why);
+            bool more = advance(e, s, &why);
             generated++;
             if (more)
                 why = SB_FINISH_NONE;
@@ -597,8 +629,9 @@ sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *para
     if (st == SB_OK) {
         e->batch = sb_calloc((size_t)p.max_batch_tokens, sizeof(*e->batch));
         e->running = sb_calloc((size_t)p.n_parallel, sizeof(seq *));
-        e->logprobs = sb_malloc((size_t)model->hp.n_vocab * sizeof(float));
-        if (!e->batch || !e->running || !e->logprobs)
+        e->sampling = sb_malloc((size_t)p.n_parallel * sizeof(seq *));
+        e->logprobs = sb_malloc((size_t)n_threads * model->hp.n_vocab * sizeof(float));
+        if (!e->batch || !e->running || !e->sampling || !e->logprobs)
             st = sb_fail(err, SB_ERR_NOMEM, "out of memory");
     }
     e->stats.kv_blocks_total = n_blocks;
@@ -635,6 +668,7 @@ void sb_engine_free(sb_engine *e) {
     sb_free(e->batch);
     sb_free(e->running);
     sb_free(e->logprobs);
+    sb_free(e->sampling);
     sb_free(e->cancels);
     sb_blocks_free(e->blocks);
     sb_forward_free(&e->fwd);
