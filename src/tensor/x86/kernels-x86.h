@@ -475,33 +475,57 @@ SBX_ALWAYS size_t qs_wbytes(fmt f) { return (size_t)(has_min(f) ? 6 : 5) * 64; }
 SBX_ALWAYS void qs_unpack(fmt f, const uint8_t *w, size_t ws, int rows, int64_t nb, uint8_t *dst) {
     const size_t wsz = q_wsize(f), wb = qs_wbytes(f);
     const uint8_t *rp[8];
-    for (int k = 0; k < 8; k++)
+    int32_t off[8];
+    for (int k = 0; k < 8; k++) {
         rp[k] = w + (size_t)(k < rows ? k : rows - 1) * ws;
+        off[k] = (int32_t)(rp[k] - w);
+    }
+    const __m256i rowoff = _mm256_loadu_si256((const __m256i *)off);
     /* Qword h of rows 0-3 then qword h+1 of rows 0-3, from [q0|q1] and [q2|q3]. */
     const __m512i sel01 = _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13), sel23 = _mm512_add_epi64(sel01, _mm512_set1_epi64(2));
+    /* 4-bit formats: bytes 0-7 (then 8-15) of the 8 rows' 16 quant bytes,
+     * from [r0|r1|r2|r3] and [r4|r5|r6|r7]; their low nibbles are lane
+     * pair 0 (1), their high nibbles lane pair 2 (3). */
+    const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), odd = _mm512_add_epi64(even, _mm512_set1_epi64(1));
     const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const bool nib = f == F_Q4_0 || f == F_Q4_1;
+    const size_t qo = f == F_Q4_0 ? 2 : 4;
     for (int64_t b = 0; b < nb; b++, dst += wb) {
         /* The next tile's rows, as the decode tiles do; from L3 the loads
          * of 8 interleaved short rows otherwise wait on every line. */
         prefetch_ahead(w + 8 * ws + (size_t)b * 8 * wsz, 8 * wsz);
-        __m512i pr[4];
-        uint16_t d[8], m[8];
-        for (int k = 0; k < 8; k += 2) {
-            const uint8_t *b0 = rp[k] + (size_t)b * wsz, *b1 = rp[k + 1] + (size_t)b * wsz;
-            pr[k / 2] = _mm512_inserti64x4(_mm512_castsi256_si512(w_decode(f, b0).q), w_decode(f, b1).q, 1);
-            d[k] = load_u16(b0), d[k + 1] = load_u16(b1);
-            m[k] = has_min(f) ? load_u16(b0 + 2) : 0, m[k + 1] = has_min(f) ? load_u16(b1 + 2) : 0;
+        /* d_w (and m_w) of the 8 rows: one gather of each row's first dword. */
+        const __m256i dm = _mm256_i32gather_epi32((const int *)(w + (size_t)b * wsz), rowoff, 1);
+        if (nib) {
+            __m512i q4[2];
+            for (int k = 0; k < 8; k += 4) {
+                __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rp[k] + (size_t)b * wsz + qo)));
+                for (int i = 1; i < 4; i++)
+                    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[k + i] + (size_t)b * wsz + qo)), i);
+                q4[k / 4] = v;
+            }
+            const __m512i lo = _mm512_permutex2var_epi64(q4[0], even, q4[1]), hi = _mm512_permutex2var_epi64(q4[0], odd, q4[1]);
+            const __m512i m4 = _mm512_set1_epi8(0x0f);
+            _mm512_store_si512((__m512i *)dst, _mm512_and_si512(lo, m4));
+            _mm512_store_si512((__m512i *)(dst + 64), _mm512_and_si512(hi, m4));
+            _mm512_store_si512((__m512i *)(dst + 128), _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4));
+            _mm512_store_si512((__m512i *)(dst + 192), _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4));
+        } else {
+            __m512i pr[4];
+            for (int k = 0; k < 8; k += 2)
+                pr[k / 2] = _mm512_inserti64x4(_mm512_castsi256_si512(w_decode(f, rp[k] + (size_t)b * wsz).q),
+                                               w_decode(f, rp[k + 1] + (size_t)b * wsz).q, 1);
+            for (int hp = 0; hp < 2; hp++) {
+                const __m512i sel = hp ? sel23 : sel01;
+                const __m512i a = _mm512_permutex2var_epi64(pr[0], sel, pr[1]), c = _mm512_permutex2var_epi64(pr[2], sel, pr[3]);
+                _mm512_store_si512((__m512i *)(dst + 64 * (2 * hp)), _mm512_shuffle_i64x2(a, c, 0x44));
+                _mm512_store_si512((__m512i *)(dst + 64 * (2 * hp + 1)), _mm512_shuffle_i64x2(a, c, 0xee));
+            }
         }
-        for (int hp = 0; hp < 2; hp++) {
-            const __m512i sel = hp ? sel23 : sel01;
-            const __m512i a = _mm512_permutex2var_epi64(pr[0], sel, pr[1]), c = _mm512_permutex2var_epi64(pr[2], sel, pr[3]);
-            _mm512_store_si512((__m512i *)(dst + 64 * (2 * hp)), _mm512_shuffle_i64x2(a, c, 0x44));
-            _mm512_store_si512((__m512i *)(dst + 64 * (2 * hp + 1)), _mm512_shuffle_i64x2(a, c, 0xee));
-        }
-        const __m512 d8 = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d)));
+        const __m512 d8 = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm)));
         _mm512_store_ps(dst + 256, _mm512_permutexvar_ps(dup, d8));
         if (has_min(f)) {
-            const __m512 m8 = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)m)));
+            const __m512 m8 = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dm, 16))));
             _mm512_store_ps(dst + 320, _mm512_permutexvar_ps(dup, m8));
         }
     }
