@@ -42,24 +42,33 @@ static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float
         out[i] = (x[i] * scale) * w[i];
 }
 
-/* Rotates the first n_rot dims of each of n_heads heads by pos * base^(-2i/n_rot)
- * (divided by freq_factors[i] when given): adjacent pairs (normal) or pairs
- * half a rotation apart (NEOX). */
-static void rope(float *vec, int32_t n_heads, int32_t head_dim, int32_t n_rot, int32_t pos, float base,
-                 sb_rope_kind kind, const float *freq_factors) {
+/* The rotation of position pos: angle i is pos * base^(-2i/n_rot) (divided
+ * by freq_factors[i] when given), built by repeated multiplication as ggml
+ * does; cs[2i], cs[2i+1] = its cosine and sine. The same for every layer and
+ * head, so computed once per token and pass. */
+static void rope_angles(float *cs, int32_t n_rot, int32_t pos, float base, const float *freq_factors) {
     float theta_scale = powf(base, -2.0f / (float)n_rot);
+    float theta = (float)pos;
+    for (int32_t i = 0; i < n_rot / 2; i++) {
+        float t = freq_factors ? theta / freq_factors[i] : theta;
+        cs[2 * i] = cosf(t);
+        cs[2 * i + 1] = sinf(t);
+        theta *= theta_scale;
+    }
+}
+
+/* Rotates the first n_rot dims of each of n_heads heads by the angles in cs:
+ * adjacent pairs (normal) or pairs half a rotation apart (NEOX). */
+static void rope(float *vec, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float *cs, sb_rope_kind kind) {
     int32_t half = n_rot / 2;
     for (int32_t h = 0; h < n_heads; h++) {
         float *v = vec + (size_t)h * head_dim;
-        float theta = (float)pos;
         for (int32_t i = 0; i < half; i++) {
-            float t = freq_factors ? theta / freq_factors[i] : theta;
-            float c = cosf(t), s = sinf(t);
+            float c = cs[2 * i], s = cs[2 * i + 1];
             int32_t i0 = kind == SB_ROPE_NEOX ? i : 2 * i, i1 = kind == SB_ROPE_NEOX ? i + half : 2 * i + 1;
             float a = v[i0], b = v[i1];
             v[i0] = a * c - b * s;
             v[i1] = a * s + b * c;
-            theta *= theta_scale;
         }
     }
 }
@@ -96,6 +105,77 @@ static void glu(float *gate, const float *up, size_t n, sb_ffn_act act) {
         float g = gate[i];
         gate[i] = (act == SB_ACT_SILU ? g / (1.0f + expf(-g)) : gelu_f16(g)) * up[i];
     }
+}
+
+/* ---- per-token work on the pool -------------------------------------------- */
+
+/* The element-wise steps between the matrix products work on each token's
+ * row alone, so a batch's tokens spread over the pool's threads (one token
+ * runs on the caller alone, as the pool does with single-chunk loops). */
+typedef struct token_job {
+    sb_forward *f;
+    sb_kv *kv;
+    const sb_batch_token *batch;
+    const sb_layer *layer;
+    int32_t il;
+    int32_t n;         /* glu_chunk: tokens in the batch */
+    const float *norm; /* rmsnorm_rows: the weights */
+    float *out;        /* rmsnorm_rows: destination rows (n_embd apart) */
+    const float *in;   /* rmsnorm_rows: source rows */
+} token_job;
+
+static void rmsnorm_row(void *arg, int64_t i, int ith) {
+    (void)ith;
+    const token_job *j = arg;
+    const sb_hparams *hp = &j->f->model->hp;
+    size_t o = (size_t)i * hp->n_embd;
+    rmsnorm(j->out + o, j->in + o, j->norm, hp->n_embd, hp->rms_eps);
+}
+
+/* out[i] = rmsnorm(in[i]) * norm for the batch's n rows. */
+static void rmsnorm_rows(sb_forward *f, float *out, const float *in, const float *norm, int32_t n) {
+    token_job j = {.f = f, .norm = norm, .out = out, .in = in};
+    sb_threadpool_for(f->pool, n, rmsnorm_row, &j);
+}
+
+/* Token i's query and key: per-head norms (qwen3), rotation; then its key
+ * and value go into the cache. */
+static void place_qkv(void *arg, int64_t i, int ith) {
+    (void)ith;
+    const token_job *j = arg;
+    const sb_forward *f = j->f;
+    const sb_hparams *hp = &f->model->hp;
+    const sb_arch_desc *a = hp->arch;
+    const sb_layer *ly = j->layer;
+    int32_t hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    float *qi = f->q + (size_t)i * q_dim, *ki = f->k + (size_t)i * kv_dim;
+    if (a->qk_norm) {
+        for (int32_t h = 0; h < hp->n_head; h++)
+            rmsnorm(qi + (size_t)h * hd, qi + (size_t)h * hd, ly->q_norm.data, hd, hp->rms_eps);
+        for (int32_t h = 0; h < hp->n_head_kv; h++)
+            rmsnorm(ki + (size_t)h * hd, ki + (size_t)h * hd, ly->k_norm.data, hd, hp->rms_eps);
+    }
+    const float *cs = f->rope_cs + (size_t)i * hp->n_rot;
+    rope(qi, hp->n_head, hd, hp->n_rot, cs, a->rope);
+    rope(ki, hp->n_head_kv, hd, hp->n_rot, cs, a->rope);
+    int32_t pos = j->batch[i].pos, bs = j->kv->block_size;
+    int32_t block = j->batch[i].blocks[pos / bs], slot = pos % bs;
+    for (int32_t h = 0; h < hp->n_head_kv; h++) {
+        memcpy(sb_kv_k(j->kv, j->il, block, h, slot), ki + (size_t)h * hd, (size_t)hd * sizeof(float));
+        memcpy(sb_kv_v(j->kv, j->il, block, h, slot), f->v + (size_t)i * kv_dim + (size_t)h * hd,
+               (size_t)hd * sizeof(float));
+    }
+}
+
+/* Elements per chunk of the gated activation. */
+#define GLU_CHUNK 4096
+
+static void glu_chunk(void *arg, int64_t c, int ith) {
+    (void)ith;
+    const token_job *j = arg;
+    const sb_hparams *hp = &j->f->model->hp;
+    size_t n = (size_t)j->n * hp->n_ff, i0 = (size_t)c * GLU_CHUNK;
+    glu(j->f->hb + i0, j->f->hb2 + i0, SB_MIN((size_t)GLU_CHUNK, n - i0), hp->arch->act);
 }
 
 static void add_bias(float *y, const sb_weight *b, int32_t n_tok) {
@@ -216,8 +296,7 @@ static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batc
     int32_t q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     float *q = f->q, *k = f->k, *v = f->v;
 
-    for (int32_t i = 0; i < n; i++)
-        rmsnorm(f->xb + (size_t)i * dim, f->x + (size_t)i * dim, ly->attn_norm.data, dim, hp->rms_eps);
+    rmsnorm_rows(f, f->xb, f->x, ly->attn_norm.data, n);
     if (a->fused_qkv) {
         int32_t w = q_dim + 2 * kv_dim;
         matmul(f, &ly->wqkv, f->xb, n, f->hb);
@@ -236,24 +315,8 @@ static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batc
     add_bias(k, &ly->bk, n);
     add_bias(v, &ly->bv, n);
 
-    const float *freq_factors = m->rope_freqs.data;
-    for (int32_t i = 0; i < n; i++) {
-        float *qi = q + (size_t)i * q_dim, *ki = k + (size_t)i * kv_dim;
-        if (a->qk_norm) {
-            for (int32_t h = 0; h < hp->n_head; h++)
-                rmsnorm(qi + (size_t)h * hd, qi + (size_t)h * hd, ly->q_norm.data, hd, hp->rms_eps);
-            for (int32_t h = 0; h < hp->n_head_kv; h++)
-                rmsnorm(ki + (size_t)h * hd, ki + (size_t)h * hd, ly->k_norm.data, hd, hp->rms_eps);
-        }
-        int32_t pos = batch[i].pos;
-        rope(qi, hp->n_head, hd, hp->n_rot, pos, hp->rope_freq_base, a->rope, freq_factors);
-        rope(ki, hp->n_head_kv, hd, hp->n_rot, pos, hp->rope_freq_base, a->rope, freq_factors);
-        int32_t block = batch[i].blocks[pos / kv->block_size], slot = pos % kv->block_size;
-        for (int32_t h = 0; h < hp->n_head_kv; h++) {
-            memcpy(sb_kv_k(kv, il, block, h, slot), ki + (size_t)h * hd, (size_t)hd * sizeof(float));
-            memcpy(sb_kv_v(kv, il, block, h, slot), v + (size_t)i * kv_dim + (size_t)h * hd, (size_t)hd * sizeof(float));
-        }
-    }
+    token_job tj = {.f = f, .kv = kv, .batch = batch, .layer = ly, .il = il};
+    sb_threadpool_for(f->pool, n, place_qkv, &tj);
 
     /* Groups: runs of tokens of one sequence at consecutive positions. */
     int32_t n_groups = 0;
@@ -269,8 +332,7 @@ static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batc
 
     matmul(f, &ly->wo, f->att, n, f->xb);
     if (a->post_norms)
-        for (int32_t i = 0; i < n; i++)
-            rmsnorm(f->xb + (size_t)i * dim, f->xb + (size_t)i * dim, ly->post_attn_norm.data, dim, hp->rms_eps);
+        rmsnorm_rows(f, f->xb, f->xb, ly->post_attn_norm.data, n);
     for (size_t j = 0; j < (size_t)n * dim; j++)
         f->x[j] += f->xb[j];
 }
@@ -281,8 +343,7 @@ static void ffn_block(sb_forward *f, int32_t n, int32_t il) {
     const sb_layer *ly = &f->model->layers[il];
     int32_t dim = hp->n_embd, ff = hp->n_ff;
 
-    for (int32_t i = 0; i < n; i++)
-        rmsnorm(f->xb + (size_t)i * dim, f->x + (size_t)i * dim, ly->ffn_norm.data, dim, hp->rms_eps);
+    rmsnorm_rows(f, f->xb, f->x, ly->ffn_norm.data, n);
     if (a->fused_gate_up) {
         /* Each row of the product is [gate | up]; compact the gates into hb2. */
         matmul(f, &ly->w_up, f->xb, n, f->hb);
@@ -295,12 +356,12 @@ static void ffn_block(sb_forward *f, int32_t n, int32_t il) {
     } else {
         matmul(f, &ly->w_gate, f->xb, n, f->hb);
         matmul(f, &ly->w_up, f->xb, n, f->hb2);
-        glu(f->hb, f->hb2, (size_t)n * ff, a->act);
+        token_job gj = {.f = f, .n = n};
+        sb_threadpool_for(f->pool, ((int64_t)n * ff + GLU_CHUNK - 1) / GLU_CHUNK, glu_chunk, &gj);
         matmul(f, &ly->w_down, f->hb, n, f->xb);
     }
     if (a->post_norms)
-        for (int32_t i = 0; i < n; i++)
-            rmsnorm(f->xb + (size_t)i * dim, f->xb + (size_t)i * dim, ly->post_ffn_norm.data, dim, hp->rms_eps);
+        rmsnorm_rows(f, f->xb, f->xb, ly->post_ffn_norm.data, n);
     for (size_t j = 0; j < (size_t)n * dim; j++)
         f->x[j] += f->xb[j];
 }
@@ -317,6 +378,9 @@ int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, in
             for (int32_t e = 0; e < dim; e++)
                 xi[e] *= sqrtf((float)dim);
     }
+    for (int32_t i = 0; i < n; i++)
+        rope_angles(f->rope_cs + (size_t)i * hp->n_rot, hp->n_rot, batch[i].pos, hp->rope_freq_base,
+                    m->rope_freqs.data);
     for (int32_t il = 0; il < hp->n_layer; il++) {
         attention_block(f, kv, batch, n, il);
         ffn_block(f, n, il);
@@ -366,12 +430,13 @@ sb_status sb_forward_init(sb_forward *f, const sb_model *m, sb_threadpool *pool,
     f->att = sb_malloc(B * q_dim * sizeof(float));
     f->hb = sb_malloc(B * wide * sizeof(float));
     f->hb2 = sb_malloc(B * hp->n_ff * sizeof(float));
+    f->rope_cs = sb_malloc(B * (size_t)hp->n_rot * sizeof(float));
     f->scores = sb_malloc((size_t)sb_threadpool_n_threads(pool) * ATTN_GROUP * (size_t)max_len * sizeof(float));
     f->group_start = sb_malloc(((size_t)max_tokens + 1) * sizeof(int32_t));
     f->logits = sb_malloc((size_t)max_logits * hp->n_vocab * sizeof(float));
     f->work = sb_malloc(work);
     f->embd = sb_malloc(B * hp->n_embd * sizeof(float));
-    if (!f->group_start || !f->embd || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->scores || !f->logits ||
+    if (!f->group_start || !f->embd || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->rope_cs || !f->scores || !f->logits ||
         !f->work) {
         sb_forward_free(f);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for forward-pass buffers (%d tokens)", max_tokens);
@@ -380,7 +445,7 @@ sb_status sb_forward_init(sb_forward *f, const sb_model *m, sb_threadpool *pool,
 }
 
 void sb_forward_free(sb_forward *f) {
-    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->scores, f->logits, f->embd};
+    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->rope_cs, f->scores, f->logits, f->embd};
     for (size_t i = 0; i < SB_ARRAY_LEN(bufs); i++)
         sb_free(bufs[i]);
     sb_free(f->work);

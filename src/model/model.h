@@ -177,6 +177,7 @@ typedef struct sb_forward {
     float *att;    /* (max_tokens, q_dim) attention output */
     float *hb;     /* (max_tokens, max(2*n_ff, q_dim + 2*kv_dim)): fused products land here */
     float *hb2;    /* (max_tokens, n_ff) */
+    float *rope_cs; /* (max_tokens, n_rot) cos and sin of each token's rotation angles */
     float *scores; /* (n_threads, ATTN_GROUP, max_len) attention weights of a group of tokens per thread */
     int32_t *group_start; /* (max_tokens + 1) attention groups of the current batch */
     float *logits; /* (max_logits, n_vocab) */
