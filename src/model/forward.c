@@ -196,6 +196,14 @@ static void matmul(sb_forward *f, const sb_weight *w, const float *x, int32_t n_
     sb_matmul(f->pool, w->type, w->data, w->n_in, w->n_out, x, n_tok, y, f->work);
 }
 
+/* Up to three products of the same input, converted once, in one parallel loop. */
+static void matmul3(sb_forward *f, const float *x, int32_t n_tok, const sb_weight *const *w, float *const *y, int n) {
+    sb_matmul_dst d[3];
+    for (int i = 0; i < n; i++)
+        d[i] = (sb_matmul_dst){.type = w[i]->type, .w = w[i]->data, .n_out = w[i]->n_out, .y = y[i]};
+    sb_matmul_many(f->pool, d, n, w[0]->n_in, x, n_tok, f->work);
+}
+
 /* ---- attention ------------------------------------------------------------ */
 
 /* Consecutive batch tokens of one sequence at consecutive positions (a
@@ -307,9 +315,7 @@ static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batc
             memcpy(v + (size_t)i * kv_dim, row + q_dim + kv_dim, (size_t)kv_dim * sizeof(float));
         }
     } else {
-        matmul(f, &ly->wq, f->xb, n, q);
-        matmul(f, &ly->wk, f->xb, n, k);
-        matmul(f, &ly->wv, f->xb, n, v);
+        matmul3(f, f->xb, n, (const sb_weight *[]){&ly->wq, &ly->wk, &ly->wv}, (float *[]){q, k, v}, 3);
     }
     add_bias(q, &ly->bq, n);
     add_bias(k, &ly->bk, n);
@@ -354,8 +360,7 @@ static void ffn_block(sb_forward *f, int32_t n, int32_t il) {
         }
         matmul(f, &ly->w_down, f->hb2, n, f->xb);
     } else {
-        matmul(f, &ly->w_gate, f->xb, n, f->hb);
-        matmul(f, &ly->w_up, f->xb, n, f->hb2);
+        matmul3(f, f->xb, n, (const sb_weight *[]){&ly->w_gate, &ly->w_up}, (float *[]){f->hb, f->hb2}, 2);
         token_job gj = {.f = f, .n = n};
         sb_threadpool_for(f->pool, ((int64_t)n * ff + GLU_CHUNK - 1) / GLU_CHUNK, glu_chunk, &gj);
         matmul(f, &ly->w_down, f->hb, n, f->xb);

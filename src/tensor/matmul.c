@@ -21,15 +21,22 @@ size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok) {
     return sb_type_row_size(t->vec_dot_type, n_in) * (size_t)n_tok;
 }
 
-typedef struct matmul_job {
+typedef struct matmul_part {
     sb_gemm_fn gemm;
-    sb_from_float_fn convert;
     const char *w;
-    size_t w_row, x_row;
-    int64_t n_in, n_out, n_tok, rows_per_chunk;
+    size_t w_row;
+    int64_t n_out, rows_per_chunk, first_chunk;
+    float *y;
+} matmul_part;
+
+typedef struct matmul_job {
+    sb_from_float_fn convert;
+    size_t x_row;
+    int64_t n_in, n_tok;
     const float *x;
     char *xq;
-    float *y;
+    matmul_part part[SB_MATMUL_MAX];
+    int n_parts;
 } matmul_job;
 
 static void convert_row(void *arg, int64_t tok, int ith) {
@@ -41,11 +48,14 @@ static void convert_row(void *arg, int64_t tok, int ith) {
 static void dot_rows(void *arg, int64_t chunk, int ith) {
     (void)ith;
     const matmul_job *j = arg;
-    int64_t r0 = chunk * j->rows_per_chunk, r1 = r0 + j->rows_per_chunk;
-    if (r1 > j->n_out)
-        r1 = j->n_out;
-    j->gemm(j->n_in, j->w + (size_t)r0 * j->w_row, j->w_row, r1 - r0, j->xq, j->x_row, j->n_tok, j->y + r0,
-            (size_t)j->n_out);
+    const matmul_part *p = &j->part[0];
+    while (p + 1 < j->part + j->n_parts && chunk >= p[1].first_chunk)
+        p++;
+    int64_t r0 = (chunk - p->first_chunk) * p->rows_per_chunk, r1 = r0 + p->rows_per_chunk;
+    if (r1 > p->n_out)
+        r1 = p->n_out;
+    p->gemm(j->n_in, p->w + (size_t)r0 * p->w_row, p->w_row, r1 - r0, j->xq, j->x_row, j->n_tok, p->y + r0,
+            (size_t)p->n_out);
 }
 
 /* Rows per chunk: enough chunks that a descheduled thread holds up little
@@ -56,27 +66,49 @@ static int64_t chunk_rows(int64_t n_out, int n_threads) {
     return (rows + 3) / 4 * 4;
 }
 
-void sb_matmul(sb_threadpool *tp, sb_type type, const void *w, int64_t n_in, int64_t n_out, const float *x,
-               int64_t n_tok, float *y, void *work) {
-    const sb_type_traits *t = sb_type_traits_of(type);
+void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t n_in, const float *x, int64_t n_tok,
+                    void *work) {
+    assert(n >= 1 && n <= SB_MATMUL_MAX);
     const sb_kernels *k = sb_kernels_active();
-    assert(t && t->vec_dot && n_in % t->blck_size == 0);
+    const sb_type act = sb_type_traits_of(dst[0].type)->vec_dot_type;
+    for (int i = 1; i < n; i++)
+        if (sb_type_traits_of(dst[i].type)->vec_dot_type != act) {
+            for (int m = 0; m < n; m++)
+                sb_matmul_many(tp, &dst[m], 1, n_in, x, n_tok, work);
+            return;
+        }
     matmul_job j = {
-        .gemm = k->gemm[type],
-        .convert = k->act_from_float[t->vec_dot_type],
-        .w = w,
-        .w_row = sb_type_row_size(type, n_in),
-        .x_row = sb_type_row_size(t->vec_dot_type, n_in),
+        .convert = k->act_from_float[act],
+        .x_row = sb_type_row_size(act, n_in),
         .n_in = n_in,
-        .n_out = n_out,
         .n_tok = n_tok,
-        .rows_per_chunk = chunk_rows(n_out, sb_threadpool_n_threads(tp)),
         .x = x,
         .xq = work,
-        .y = y,
+        .n_parts = n,
     };
+    int64_t n_chunks = 0;
+    for (int i = 0; i < n; i++) {
+        assert(sb_type_traits_of(dst[i].type)->vec_dot && n_in % sb_type_traits_of(dst[i].type)->blck_size == 0);
+        matmul_part *p = &j.part[i];
+        *p = (matmul_part){
+            .gemm = k->gemm[dst[i].type],
+            .w = dst[i].w,
+            .w_row = sb_type_row_size(dst[i].type, n_in),
+            .n_out = dst[i].n_out,
+            .rows_per_chunk = chunk_rows(dst[i].n_out, sb_threadpool_n_threads(tp)),
+            .first_chunk = n_chunks,
+            .y = dst[i].y,
+        };
+        n_chunks += (p->n_out + p->rows_per_chunk - 1) / p->rows_per_chunk;
+    }
     sb_threadpool_for(tp, n_tok, convert_row, &j);
-    sb_threadpool_for(tp, (n_out + j.rows_per_chunk - 1) / j.rows_per_chunk, dot_rows, &j);
+    sb_threadpool_for(tp, n_chunks, dot_rows, &j);
+}
+
+void sb_matmul(sb_threadpool *tp, sb_type type, const void *w, int64_t n_in, int64_t n_out, const float *x,
+               int64_t n_tok, float *y, void *work) {
+    sb_matmul_dst d = {.type = type, .w = w, .n_out = n_out, .y = y};
+    sb_matmul_many(tp, &d, 1, n_in, x, n_tok, work);
 }
 
 void sb_get_row(sb_type type, const void *w, int64_t n_in, int64_t row, float *out) {

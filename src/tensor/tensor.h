@@ -178,6 +178,22 @@ void sb_matmul(sb_threadpool *tp, sb_type type, const void *w, int64_t n_in, int
                int64_t n_tok, float *y, void *work);
 size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok);
 
+/* Several products of the same input (a layer's query, key and value; its
+ * gate and up): y_i = W_i x for each of the n (<= SB_MATMUL_MAX) matrices,
+ * all with rows of n_in. When their types share an activation format the
+ * input is converted once and all their rows form one parallel loop (one
+ * wait for the slowest thread instead of one per matrix); otherwise they
+ * run one by one. work: the largest sb_matmul_work_size among them. */
+#define SB_MATMUL_MAX 4
+typedef struct sb_matmul_dst {
+    sb_type type;
+    const void *w;
+    int64_t n_out;
+    float *y; /* (n_tok, n_out) */
+} sb_matmul_dst;
+void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t n_in, const float *x, int64_t n_tok,
+                    void *work);
+
 /* Row `row` of a matrix of `type` with rows of n_in elements, as floats
  * (embedding lookup). */
 void sb_get_row(sb_type type, const void *w, int64_t n_in, int64_t row, float *out);
