@@ -491,9 +491,6 @@ SBX_ALWAYS void qs_unpack(fmt f, const uint8_t *w, size_t ws, int rows, int64_t 
     const bool nib = f == F_Q4_0 || f == F_Q4_1;
     const size_t qo = f == F_Q4_0 ? 2 : 4;
     for (int64_t b = 0; b < nb; b++, dst += wb) {
-        /* The next tile's rows, as the decode tiles do; from L3 the loads
-         * of 8 interleaved short rows otherwise wait on every line. */
-        prefetch_ahead(w + 8 * ws + (size_t)b * 8 * wsz, 8 * wsz);
         /* d_w (and m_w) of the 8 rows: one gather of each row's first dword. */
         const __m256i dm = _mm256_i32gather_epi32((const int *)(w + (size_t)b * wsz), rowoff, 1);
         if (nib) {
@@ -557,9 +554,13 @@ SBX_ALWAYS __m512 bcast32f(const uint8_t *p) {
     return _mm512_set1_ps(v);
 }
 
-/* T tokens against one unpacked tile: y[t*ldy + m] for rows m < rows. */
+/* T tokens against one unpacked tile: y[t*ldy + m] for rows m < rows. If
+ * pf is not NULL, the next tile's rows (8 rows of pf_block bytes per block,
+ * from pf on) are prefetched at the pace of the blocks: from DRAM the loads
+ * of 8 interleaved short rows otherwise wait on every line, and issued all
+ * at once (during the unpacking) the prefetches wait for each other. */
 SBX_ALWAYS void qs_tile(fmt f, int T, int64_t nb, const uint8_t *wt, const uint8_t *x, size_t xs, const uint8_t *xc,
-                        size_t xcs, int rows, float *y, size_t ldy) {
+                        size_t xcs, int rows, float *y, size_t ldy, const uint8_t *pf, size_t pf_block) {
     const size_t wb = qs_wbytes(f), xsz = q_xsize(f), qo = has_min(f) ? 4 : 2;
     const __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32(QS_MAGIC));
     __m512 acc[QS_T][4], mins[QS_T];
@@ -569,6 +570,8 @@ SBX_ALWAYS void qs_tile(fmt f, int T, int64_t nb, const uint8_t *wt, const uint8
             acc[t][h] = _mm512_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++, wt += wb) {
+        if (pf)
+            prefetch_ahead(pf + (size_t)b * pf_block, pf_block);
         __m512i wq[4];
         SBX_UNROLL for (int h = 0; h < 4; h++)
             wq[h] = _mm512_load_si512((const __m512i *)(wt + 64 * h));
@@ -618,11 +621,13 @@ SBX_ALWAYS bool qs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
             for (int64_t t = 0; t < g; t += QS_T) {
                 const uint8_t *xt = x + (size_t)(t0 + t) * xs, *xct = xc + (size_t)t * xcs;
                 float *yt = y + (size_t)(t0 + t) * ldy + (size_t)r;
+                const uint8_t *pf = t == 0 ? w + (size_t)(r + 8) * ws : NULL;
+                const size_t pfb = 8 * q_wsize(f);
                 switch (g - t < QS_T ? g - t : QS_T) {
-                case 1: qs_tile(f, 1, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy); break;
-                case 2: qs_tile(f, 2, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy); break;
-                case 3: qs_tile(f, 3, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy); break;
-                default: qs_tile(f, 4, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy); break;
+                case 1: qs_tile(f, 1, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy, pf, pfb); break;
+                case 2: qs_tile(f, 2, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy, pf, pfb); break;
+                case 3: qs_tile(f, 3, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy, pf, pfb); break;
+                default: qs_tile(f, 4, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy, pf, pfb); break;
                 }
             }
         }
