@@ -17,12 +17,14 @@
  *
  * Cost per token: O(n_vocab) to copy and scan the logits. With top-k on,
  * the k best are kept in a k-sized heap (O(log k) per candidate that enters
- * it); without it, candidates are ranked lazily from a heap of the whole
- * vocabulary, O(log n_vocab) each, only as far as top-p and min-p look.
- * Nothing is allocated after create.
+ * it), and blocks of the vocabulary whose largest logit cannot enter it are
+ * passed over after one vectorisable scan; without top-k, candidates are
+ * ranked lazily from a heap of the whole vocabulary, O(log n_vocab) each,
+ * only as far as top-p and min-p look. Nothing is allocated after create.
  */
 #include <float.h>
 #include <math.h>
+#include <string.h>
 
 #include "base/base.h"
 #include "base/rng.h"
@@ -35,7 +37,8 @@ typedef struct {
 struct sb_sampler {
     sb_sampler_params params;
     int32_t n_vocab;
-    candidate *heap;     /* (n_vocab) token i at index i, then a heap of the candidates */
+    float *logits;       /* (n_vocab) after penalties, NaN banned (-inf) and +inf made finite */
+    candidate *heap;     /* (n_vocab) a heap of the candidates (without top-k) */
     candidate *ranked;   /* (n_vocab) candidates in best-first order, as far as ranked */
     int32_t *recent;     /* (repeat_last_n) ring of the last accepted tokens; NULL if no penalty */
     int32_t n_recent;    /* tokens in the ring, <= repeat_last_n */
@@ -109,9 +112,10 @@ sb_status sb_sampler_create(const sb_sampler_params *params, int32_t n_vocab, sb
         return sb_fail(err, SB_ERR_NOMEM, "sampler: out of memory");
     s->params = p;
     s->n_vocab = n_vocab;
+    s->logits = sb_calloc((size_t)n_vocab, sizeof(*s->logits));
     s->heap = sb_calloc((size_t)n_vocab, sizeof(*s->heap));
     s->ranked = sb_calloc((size_t)n_vocab, sizeof(*s->ranked));
-    bool ok = s->heap && s->ranked;
+    bool ok = s->logits && s->heap && s->ranked;
     if (ok && penalizes(&p)) {
         s->recent = sb_calloc((size_t)p.repeat_last_n, sizeof(*s->recent));
         s->counts = sb_calloc((size_t)n_vocab, sizeof(*s->counts));
@@ -129,6 +133,7 @@ sb_status sb_sampler_create(const sb_sampler_params *params, int32_t n_vocab, sb
 void sb_sampler_free(sb_sampler_t *s) {
     if (!s)
         return;
+    sb_free(s->logits);
     sb_free(s->heap);
     sb_free(s->ranked);
     sb_free(s->recent);
@@ -153,7 +158,7 @@ void sb_sampler_accept(sb_sampler_t *s, int32_t token) {
 /* ---- penalties --------------------------------------------------------- */
 
 /* Applies the llama.cpp repeat penalty and the OpenAI frequency/presence
- * penalties to heap[], which at this point holds token i at index i. */
+ * penalties to logits[]. */
 static void apply_penalties(sb_sampler_t *s) {
     if (!s->counts)
         return;
@@ -165,7 +170,7 @@ static void apply_penalties(sb_sampler_t *s) {
         int32_t count = s->counts[token];
         if (count <= 0)
             continue;
-        float *logit = &s->heap[token].logit;
+        float *logit = &s->logits[token];
         *logit = *logit > 0.0f ? *logit / p->repeat_penalty : *logit * p->repeat_penalty;
         *logit -= (float)count * p->frequency_penalty + p->presence_penalty;
         s->counts[token] = -count;
@@ -177,25 +182,39 @@ static void apply_penalties(sb_sampler_t *s) {
     }
 }
 
-/* Copies logits into heap[] (token i at index i), applies the penalties, and
- * tames non-numbers: NaN becomes -inf (banned, like a masked token) and +inf
- * the largest float, which still wins but keeps softmax arithmetic finite.
+/* The largest of v[0..n) (n > 0, no NaN), in 8 independent running maxima
+ * (one chain would wait on every comparison; these vectorise). */
+static float max_of(const float *v, size_t n) {
+    float m[8];
+    for (int j = 0; j < 8; j++)
+        m[j] = v[0];
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            m[j] = v[i + j] > m[j] ? v[i + j] : m[j];
+    for (; i < n; i++)
+        m[0] = v[i] > m[0] ? v[i] : m[0];
+    for (int j = 1; j < 8; j++)
+        m[0] = m[j] > m[0] ? m[j] : m[0];
+    return m[0];
+}
+
+/* Copies logits into s->logits, applies the penalties, and tames
+ * non-numbers: NaN becomes -inf (banned, like a masked token) and +inf the
+ * largest float, which still wins but keeps softmax arithmetic finite.
  * Returns the greedy choice: the best token, the lowest id among ties, and
  * token 0 if every token is banned. */
 static int32_t load_logits(sb_sampler_t *s, const float *logits) {
-    for (int32_t i = 0; i < s->n_vocab; i++)
-        s->heap[i] = (candidate){i, logits[i]};
+    float *v = s->logits;
+    const int32_t n = s->n_vocab;
+    memcpy(v, logits, (size_t)n * sizeof(*v));
     apply_penalties(s);
+    for (int32_t i = 0; i < n; i++)
+        v[i] = v[i] != v[i] ? -INFINITY : v[i] == INFINITY ? FLT_MAX : v[i];
+    const float max = max_of(v, (size_t)n);
     int32_t best = 0;
-    for (int32_t i = 0; i < s->n_vocab; i++) {
-        float v = s->heap[i].logit;
-        if (isnan(v))
-            s->heap[i].logit = -INFINITY;
-        else if (v == INFINITY)
-            s->heap[i].logit = FLT_MAX;
-        if (s->heap[i].logit > s->heap[best].logit)
-            best = i;
-    }
+    while (v[best] != max)
+        best++;
     return best;
 }
 
@@ -238,26 +257,32 @@ static candidate pop_best(candidate *h, size_t *n) {
     return top;
 }
 
-/* Writes the k best unbanned candidates of c[0..n) to out[], best first, and
- * returns how many there are (fewer than k if fewer are unbanned). Costs
- * O(n) comparisons plus O(log k) per candidate that enters the running
- * top k, which is rare after the first few thousand. */
-static size_t select_best(const candidate *c, size_t n, size_t k, candidate *out) {
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (c[i].logit == -INFINITY)
-            continue;
-        if (m < k) {
-            out[m++] = c[i];
-            if (m == k)
-                heapify(out, k, true);
-        } else if (better(c[i], out[0])) {
-            out[0] = c[i];
-            sift_down(out, k, 0, true);
-        }
+/* Logits per block of the top-k scan: one max over a block decides whether
+ * any of it can enter the heap. */
+#define SCAN_BLOCK 64
+
+/* Writes the k best unbanned tokens of v[0..n) to out[], best first, and
+ * returns how many there are (fewer than k if fewer are unbanned). Tokens
+ * are scanned in id order, so a later token beats the heap's worst only
+ * with a strictly larger logit, and a block whose largest logit is not
+ * larger is passed over whole: after the first few thousand tokens nearly
+ * all are. O(log k) per token that enters the running top k. */
+static size_t select_best(const float *v, size_t n, size_t k, candidate *out) {
+    size_t m = 0, i = 0;
+    for (; i < n && m < k; i++)
+        if (v[i] > -INFINITY)
+            out[m++] = (candidate){(int32_t)i, v[i]};
+    heapify(out, m, true);
+    while (m == k && i < n) {
+        const size_t end = i + SCAN_BLOCK < n ? i + SCAN_BLOCK : n;
+        if (max_of(v + i, end - i) > out[0].logit)
+            for (size_t j = i; j < end; j++)
+                if (v[j] > out[0].logit) {
+                    out[0] = (candidate){(int32_t)j, v[j]};
+                    sift_down(out, k, 0, true);
+                }
+        i = end;
     }
-    if (m < k)
-        heapify(out, m, true);
     /* Heapsort: moving the worst to the back each time leaves out[] best first. */
     for (size_t end = m; end > 1; end--) {
         candidate worst = out[0];
@@ -286,8 +311,8 @@ static size_t apply_filters(sb_sampler_t *s, float max, candidate **out) {
     size_t n_heap = 0, n_ranked = 0;
     if (!top_k && !top_p && !min_p) {
         for (size_t i = 0; i < n_vocab; i++)
-            if (s->heap[i].logit > -INFINITY)
-                s->heap[n_heap++] = s->heap[i];
+            if (s->logits[i] > -INFINITY)
+                s->heap[n_heap++] = (candidate){(int32_t)i, s->logits[i]};
         *out = s->heap;
         return n_heap;
     }
@@ -301,15 +326,15 @@ static size_t apply_filters(sb_sampler_t *s, float max, candidate **out) {
      * token, and those below the min-p floor are counted but never ranked. */
     double mass = 0.0;
     if (top_k) {
-        n_ranked = select_best(s->heap, n_vocab, (size_t)p->top_k, s->ranked);
+        n_ranked = select_best(s->logits, n_vocab, (size_t)p->top_k, s->ranked);
         for (size_t i = 0; i < n_ranked; i++)
             mass += expf(s->ranked[i].logit - max);
     } else {
         for (size_t i = 0; i < n_vocab; i++) {
-            float v = s->heap[i].logit;
+            float v = s->logits[i];
             mass += expf(v - max);
             if (v > -INFINITY && v >= min_logit)
-                s->heap[n_heap++] = s->heap[i];
+                s->heap[n_heap++] = (candidate){(int32_t)i, v};
         }
         heapify(s->heap, n_heap, false);
     }
@@ -364,7 +389,7 @@ static int32_t draw(sb_sampler_t *s, candidate *c, size_t n, float max) {
 
 int32_t sb_sampler_sample(sb_sampler_t *s, const float *logits) {
     const int32_t best = load_logits(s, logits);
-    const float max = s->heap[best].logit;
+    const float max = s->logits[best];
     /* With everything banned there is no preference: greedy's tie rule. */
     if (s->params.temperature == 0.0f || max == -INFINITY)
         return best;
