@@ -8,7 +8,9 @@
  * after BOS, so the prompts differ as the server benchmark's do), each
  * generating exactly TOKENS tokens (ignore_eos), all submitted together.
  * t/s = S * TOKENS / (time from submission to the last completion); the
- * prompts are short, so this is the decode rate. Prints the median of REPS
+ * prompts are short, so this is the decode rate. Sampling is the server's
+ * default for OpenAI requests: temperature T (0.8), no top-k, top-p or
+ * min-p, a seed per request. Prints the median of REPS
  * runs per S and its ratio to the S = 1 median. bench/serve-load.mjs
  * measures the same through HTTP; the gap between the two is the server's
  * cost.
@@ -73,6 +75,9 @@ static double run_streams(sb_engine *e, const sb_model_t *m, int streams, int to
         p.ignore_eos = true;
         p.sampling = sb_sampler_default_params();
         p.sampling.temperature = temp;
+        p.sampling.top_k = 0;
+        p.sampling.top_p = 1.0f;
+        p.sampling.min_p = 0.0f;
         p.sampling.seed = (uint64_t)(i + 1);
         sb_error err = {0};
         if (sb_engine_submit(e, &p, on_event, &w, NULL, &err) != SB_OK) {

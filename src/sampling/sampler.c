@@ -24,10 +24,14 @@
  */
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "base/base.h"
 #include "base/rng.h"
+
+/* Tokens per block of the draw: the blocks' sums locate the drawn one. */
+#define DRAW_BLOCK 64
 
 typedef struct {
     int32_t id;
@@ -38,6 +42,8 @@ struct sb_sampler {
     sb_sampler_params params;
     int32_t n_vocab;
     float *logits;       /* (n_vocab) after penalties, NaN banned (-inf) and +inf made finite */
+    int32_t *ids;        /* (n_vocab) the draw's tokens, when not all of them */
+    double *block_sums;  /* (n_vocab / DRAW_BLOCK + 1) the draw's weight per block */
     candidate *heap;     /* (n_vocab) a heap of the candidates (without top-k) */
     candidate *ranked;   /* (n_vocab) candidates in best-first order, as far as ranked */
     int32_t *recent;     /* (repeat_last_n) ring of the last accepted tokens; NULL if no penalty */
@@ -113,9 +119,11 @@ sb_status sb_sampler_create(const sb_sampler_params *params, int32_t n_vocab, sb
     s->params = p;
     s->n_vocab = n_vocab;
     s->logits = sb_calloc((size_t)n_vocab, sizeof(*s->logits));
+    s->ids = sb_calloc((size_t)n_vocab, sizeof(*s->ids));
+    s->block_sums = sb_calloc((size_t)n_vocab / DRAW_BLOCK + 1, sizeof(*s->block_sums));
     s->heap = sb_calloc((size_t)n_vocab, sizeof(*s->heap));
     s->ranked = sb_calloc((size_t)n_vocab, sizeof(*s->ranked));
-    bool ok = s->logits && s->heap && s->ranked;
+    bool ok = s->logits && s->ids && s->block_sums && s->heap && s->ranked;
     if (ok && penalizes(&p)) {
         s->recent = sb_calloc((size_t)p.repeat_last_n, sizeof(*s->recent));
         s->counts = sb_calloc((size_t)n_vocab, sizeof(*s->counts));
@@ -134,6 +142,8 @@ void sb_sampler_free(sb_sampler_t *s) {
     if (!s)
         return;
     sb_free(s->logits);
+    sb_free(s->ids);
+    sb_free(s->block_sums);
     sb_free(s->heap);
     sb_free(s->ranked);
     sb_free(s->recent);
@@ -297,9 +307,9 @@ static size_t select_best(const float *v, size_t n, size_t k, candidate *out) {
 
 /* Applies top-k, top-p and min-p to the loaded candidates, whose largest
  * logit is max (finite). Returns the survivors' count, at least one, and
- * through *out where they are: heap[] in no order when no filter is on (the
- * draw needs none), else ranked[] best first. Only as many candidates are
- * ranked as the filters look at. */
+ * through *out where they are, ranked[] best first; when no filter is on,
+ * *out is NULL and every token survives (the draw weighs banned ones 0).
+ * Only as many candidates are ranked as the filters look at. */
 static size_t apply_filters(sb_sampler_t *s, float max, candidate **out) {
     const sb_sampler_params *p = &s->params;
     const size_t n_vocab = (size_t)s->n_vocab;
@@ -310,11 +320,8 @@ static size_t apply_filters(sb_sampler_t *s, float max, candidate **out) {
      * one-survivor rule from ever bringing one back. */
     size_t n_heap = 0, n_ranked = 0;
     if (!top_k && !top_p && !min_p) {
-        for (size_t i = 0; i < n_vocab; i++)
-            if (s->logits[i] > -INFINITY)
-                s->heap[n_heap++] = (candidate){(int32_t)i, s->logits[i]};
-        *out = s->heap;
-        return n_heap;
+        *out = NULL;
+        return n_vocab;
     }
 
     /* min-p keeps a token whose probability is at least min_p times the best
@@ -362,29 +369,66 @@ static size_t apply_filters(sb_sampler_t *s, float max, candidate **out) {
     return keep;
 }
 
-/* Draws from the softmax of c[0..n) at the sampler's temperature; max is
- * their largest logit. Overwrites the logits with their weights. */
-static int32_t draw(sb_sampler_t *s, candidate *c, size_t n, float max) {
-    const float temperature = s->params.temperature;
+/* e^x for x <= 0, 0 below -87 (where expf leaves the normal range): 2^k
+ * times a degree-6 polynomial on |r| <= ln(2)/2, within about an ulp of
+ * expf. Plain float arithmetic, so the draw loop vectorises and gives the
+ * same weights on every platform. */
+static inline float exp_nonpositive(float x) {
+    const float big = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float k = (x * 1.44269504f + big) - big;
+    float r = (x - k * 0.693145752f) - k * 1.42860677e-06f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f +
+                                                                                          r * 0.00138888892f)))));
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof(scale));
+    return x > -87.0f ? p * scale : 0.0f;
+}
+
+/* Draws from the softmax at the sampler's temperature of n logits w[0..n)
+ * (overwritten with their weights) of tokens ids[0..n) (ids NULL: token i);
+ * max is their largest logit. The weights are summed per block of
+ * DRAW_BLOCK in 8 independent lanes (vectorisable, in a fixed order), the
+ * total over blocks in order; the draw walks the blocks, then the one it
+ * lands in. Rounding can leave the walk short of u: then the last weighted
+ * token of that block (or of all) wins. */
+static int32_t draw(sb_sampler_t *s, float *w, const int32_t *ids, size_t n, float max) {
+    const float inv_t = 1.0f / s->params.temperature;
+    const size_t n_blocks = (n + DRAW_BLOCK - 1) / DRAW_BLOCK;
     double total = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        c[i].logit = expf((c[i].logit - max) / temperature);
-        total += c[i].logit;
+    for (size_t b = 0; b < n_blocks; b++) {
+        const size_t i0 = b * DRAW_BLOCK, i1 = i0 + DRAW_BLOCK < n ? i0 + DRAW_BLOCK : n;
+        for (size_t i = i0; i < i1; i++)
+            w[i] = exp_nonpositive((w[i] - max) * inv_t);
+        double lane[8] = {0};
+        size_t i = i0;
+        for (; i + 8 <= i1; i += 8)
+            for (int j = 0; j < 8; j++)
+                lane[j] += w[i + j];
+        for (; i < i1; i++)
+            lane[0] += w[i];
+        s->block_sums[b] = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+        total += s->block_sums[b];
     }
     const double u = sb_rng_uniform(&s->rng) * total;
-    /* Summing in the same order as total reaches u before the end unless
-     * rounding pushed u up to total; then the last weighted candidate wins. */
     double cum = 0.0;
-    int32_t chosen = c[0].id;
-    for (size_t i = 0; i < n; i++) {
-        if (c[i].logit == 0.0f)
+    size_t b = 0;
+    while (b + 1 < n_blocks && !(u < cum + s->block_sums[b]))
+        cum += s->block_sums[b++];
+    size_t chosen = SIZE_MAX;
+    for (size_t i = b * DRAW_BLOCK; i < n && i < (b + 1) * DRAW_BLOCK; i++) {
+        if (w[i] == 0.0f)
             continue;
-        chosen = c[i].id;
-        cum += c[i].logit;
+        chosen = i;
+        cum += w[i];
         if (u < cum)
             break;
     }
-    return chosen;
+    /* Only the last block can be reached without weight (rounding): then
+     * the last weighted token before it; the best token weighs 1. */
+    for (size_t i = b * DRAW_BLOCK; chosen == SIZE_MAX && i-- > 0;)
+        chosen = w[i] != 0.0f ? i : chosen;
+    return ids ? ids[chosen] : (int32_t)chosen;
 }
 
 int32_t sb_sampler_sample(sb_sampler_t *s, const float *logits) {
@@ -395,5 +439,12 @@ int32_t sb_sampler_sample(sb_sampler_t *s, const float *logits) {
         return best;
     candidate *survivors;
     size_t n_survivors = apply_filters(s, max, &survivors);
-    return draw(s, survivors, n_survivors, max);
+    if (!survivors) /* no filter: every token, banned ones weigh 0 */
+        return draw(s, s->logits, NULL, (size_t)s->n_vocab, max);
+    /* The survivors' logits and ids, apart, into scratch the filters are done with. */
+    for (size_t i = 0; i < n_survivors; i++) {
+        s->logits[i] = survivors[i].logit;
+        s->ids[i] = survivors[i].id;
+    }
+    return draw(s, s->logits, s->ids, n_survivors, max);
 }
