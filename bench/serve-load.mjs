@@ -5,7 +5,11 @@
 // requests. Prints a table.
 //
 //   node bench/serve-load.mjs [--bin build/switchboard] [--model FILE] [--threads 2]
-//                             [--tokens 64] [--requests 10000]
+//                             [--tokens 64] [--requests 10000] [--rounds 3]
+// The sweep over 1, 4, 8 and 16 streams runs --rounds times (the levels
+// alternate, so a noisy neighbour spreads over all of them); each level's
+// rate is the median over rounds, and its ratio to the single-stream median
+// is printed.
 // Without --model it generates the 110M-parameter Q4_0 llama model into
 // build/bench-110m-q4_0.gguf (random weights; gen-model is seeded).
 import { spawn, execFileSync } from 'node:child_process';
@@ -22,6 +26,7 @@ const BIN = opt('bin', process.env.SB_BIN || path.join(root, 'build/switchboard'
 const THREADS = opt('threads', '2');
 const TOKENS = Number(opt('tokens', '64'));
 const REQUESTS = Number(opt('requests', '10000'));
+const ROUNDS = Number(opt('rounds', '3'));
 let MODEL = opt('model', null);
 if (!MODEL) {
   MODEL = path.join(root, 'build/bench-110m-q4_0.gguf');
@@ -91,24 +96,36 @@ const pct = (xs, p) => {
 };
 
 await stream(0, 4); // warm-up
-const rows = [];
-for (const conc of [1, 4, 8, 16]) {
-  const perClient = conc === 1 ? 3 : 2;
-  const t0 = performance.now();
-  const results = (
-    await Promise.all(
-      Array.from({ length: conc }, async (_, c) => {
-        const out = [];
-        for (let k = 0; k < perClient; k++) out.push(await stream(c * 100 + k, TOKENS));
-        return out;
-      }),
-    )
-  ).flat();
-  const secs = (performance.now() - t0) / 1000;
-  const tokens = results.reduce((s, r) => s + r.tokens, 0);
-  const ttfts = results.map((r) => r.ttft);
-  rows.push({ conc, requests: results.length, tokens, secs, tps: tokens / secs, p50: pct(ttfts, 50), p99: pct(ttfts, 99) });
+const levels = [1, 4, 8, 16];
+const runs = new Map(levels.map((c) => [c, { tps: [], ttfts: [], requests: 0, tokens: 0, secs: 0 }]));
+for (let round = 0; round < ROUNDS; round++) {
+  for (const conc of levels) {
+    const perClient = conc === 1 ? 4 : 2;
+    const t0 = performance.now();
+    const results = (
+      await Promise.all(
+        Array.from({ length: conc }, async (_, c) => {
+          const out = [];
+          for (let k = 0; k < perClient; k++) out.push(await stream(round * 10000 + c * 100 + k, TOKENS));
+          return out;
+        }),
+      )
+    ).flat();
+    const secs = (performance.now() - t0) / 1000;
+    const tokens = results.reduce((s, r) => s + r.tokens, 0);
+    const run = runs.get(conc);
+    run.tps.push(tokens / secs);
+    run.ttfts.push(...results.map((r) => r.ttft));
+    run.requests += results.length;
+    run.tokens += tokens;
+    run.secs += secs;
+  }
 }
+const rows = levels.map((conc) => {
+  const run = runs.get(conc);
+  return { conc, ...run, tps: pct(run.tps, 50), min: Math.min(...run.tps), max: Math.max(...run.tps),
+    p50: pct(run.ttfts, 50), p99: pct(run.ttfts, 99) };
+});
 
 const rssBefore = rssMiB();
 const t0 = performance.now();
@@ -134,10 +151,11 @@ const rssAfter = rssMiB();
 proc.kill('SIGTERM');
 const code = await new Promise((r) => proc.on('exit', r));
 
-console.log(`switchboard serve: ${path.basename(MODEL)}, --threads ${THREADS}, --parallel 16, ${TOKENS} tokens per stream`);
-console.log('| streams | requests | tokens | seconds | gen tok/s | TTFT p50 ms | TTFT p99 ms |');
-console.log('|--------:|---------:|-------:|--------:|----------:|------------:|------------:|');
+console.log(`switchboard serve: ${path.basename(MODEL)}, --threads ${THREADS}, --parallel 16, ${TOKENS} tokens per stream, ${ROUNDS} rounds`);
+console.log('| streams | requests | tokens | seconds | gen tok/s (median) | min | max | x single | TTFT p50 ms | TTFT p99 ms |');
+console.log('|--------:|---------:|-------:|--------:|----------:|----:|----:|---------:|------------:|------------:|');
 for (const r of rows)
-  console.log(`| ${r.conc} | ${r.requests} | ${r.tokens} | ${r.secs.toFixed(2)} | ${r.tps.toFixed(1)} | ${r.p50.toFixed(0)} | ${r.p99.toFixed(0)} |`);
+  console.log(`| ${r.conc} | ${r.requests} | ${r.tokens} | ${r.secs.toFixed(2)} | ${r.tps.toFixed(1)} | ${r.min.toFixed(1)} | ` +
+    `${r.max.toFixed(1)} | ${(r.tps / rows[0].tps).toFixed(2)} | ${r.p50.toFixed(0)} | ${r.p99.toFixed(0)} |`);
 console.log(`\n${REQUESTS} short requests (16 at a time, 2 tokens each): ${churnSecs.toFixed(1)} s, ${(REQUESTS / churnSecs).toFixed(0)} req/s, ${failed} failed`);
 console.log(`server RSS: ${rssBefore.toFixed(1)} MiB before, ${rssAfter.toFixed(1)} MiB after (${(rssAfter - rssBefore >= 0 ? '+' : '') + (rssAfter - rssBefore).toFixed(1)} MiB); exit status ${code}`);
