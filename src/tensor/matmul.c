@@ -59,9 +59,12 @@ static void dot_rows(void *arg, int64_t chunk, int ith) {
 }
 
 /* Rows per chunk: enough chunks that a descheduled thread holds up little
- * work (about 16 per thread), few enough that claiming costs nothing. */
+ * work (about 8 per thread), few enough that claiming costs nothing and that
+ * a chunk's start (its first rows cold, its activations prepared again) is
+ * a small part of it: 8 per thread measured 6% faster than 16, alone and
+ * batched (110M Q4_0, 2 threads). */
 static int64_t chunk_rows(int64_t n_out, int n_threads) {
-    int64_t rows = n_out / (16 * (int64_t)n_threads);
+    int64_t rows = n_out / (8 * (int64_t)n_threads);
     rows = rows < 4 ? 4 : rows > 256 ? 256 : rows;
     return (rows + 3) / 4 * 4;
 }
