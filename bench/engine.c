@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
     const char *path = NULL, *list = "1,4,8,16";
     int threads = 2, tokens = 64, reps = 3;
     float temp = 0.8f;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
         if (ok && strcmp(a, "-m") == 0)
@@ -128,7 +128,6 @@ int main(int argc, char **argv) {
                   stderr);
             return 2;
         }
-        i++;
     }
     if (!path) {
         fputs("bench_engine: -m MODEL is required\n", stderr);

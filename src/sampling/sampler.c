@@ -375,8 +375,9 @@ static size_t apply_filters(sb_sampler_t *s, float max, candidate **out) {
  * same weights on every platform. */
 static inline float exp_nonpositive(float x) {
     const float big = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    float k = (x * 1.44269504f + big) - big;
-    float r = (x - k * 0.693145752f) - k * 1.42860677e-06f;
+    const float xc = x > -87.0f ? x : -87.0f; /* keeps 2^k a normal float (and -inf out) */
+    float k = (xc * 1.44269504f + big) - big;
+    float r = (xc - k * 0.693145752f) - k * 1.42860677e-06f;
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f +
                                                                                           r * 0.00138888892f)))));
     int32_t bits = ((int32_t)k + 127) << 23;

@@ -496,10 +496,12 @@ SBX_ALWAYS void qs_unpack(fmt f, const uint8_t *w, size_t ws, int rows, int64_t 
         if (nib) {
             __m512i q4[2];
             for (int k = 0; k < 8; k += 4) {
-                __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rp[k] + (size_t)b * wsz + qo)));
-                for (int i = 1; i < 4; i++)
-                    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[k + i] + (size_t)b * wsz + qo)), i);
-                q4[k / 4] = v;
+                const uint8_t *const *r = rp + k;
+                const size_t o = (size_t)b * wsz + qo;
+                __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(r[0] + o)));
+                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[1] + o)), 1);
+                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[2] + o)), 2);
+                q4[k / 4] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[3] + o)), 3);
             }
             const __m512i lo = _mm512_permutex2var_epi64(q4[0], even, q4[1]), hi = _mm512_permutex2var_epi64(q4[0], odd, q4[1]);
             const __m512i m4 = _mm512_set1_epi8(0x0f);
