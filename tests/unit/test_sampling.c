@@ -303,6 +303,60 @@ static void test_draws_follow_softmax(void **state) {
     sb_sampler_free(s);
 }
 
+/* The draw finds its token through per-block sums: the same four
+ * probabilities spread over blocks far apart, every other token banned. */
+static void test_draws_follow_softmax_across_blocks(void **state) {
+    (void)state;
+    enum { N = 300, DRAWS = 40000 };
+    static const int ids[4] = {5, 70, 140, 299};
+    float logits[N];
+    for (int i = 0; i < N; i++)
+        logits[i] = -INFINITY;
+    for (int i = 0; i < 4; i++)
+        logits[ids[i]] = (float)log(PROBS4[i]);
+    sb_sampler_params p = plain_params();
+    p.seed = 99;
+    sb_sampler_t *s = make_sampler(&p, N);
+    int counts[N], picked[4];
+    histogram(s, logits, N, DRAWS, counts);
+    for (int i = 0; i < 4; i++)
+        picked[i] = counts[ids[i]];
+    assert_int_equal(picked[0] + picked[1] + picked[2] + picked[3], DRAWS);
+    assert_true(chi_square(picked, PROBS4, 4, DRAWS) < 30.0);
+    sb_sampler_free(s);
+}
+
+/* Top-k over a vocabulary of many scan blocks, with ties and banned tokens:
+ * at a temperature that flattens the survivors, the drawn set is exactly
+ * the k best by (logit descending, id ascending), found here by brute force. */
+static void test_top_k_large_vocabulary_exact_set(void **state) {
+    (void)state;
+    enum { N = 5000, K = 40, DRAWS = 8000 };
+    static float logits[N];
+    static int counts[N], allowed[N];
+    noise_logits(logits, N, 4242);
+    for (int i = 0; i < N; i += 7)
+        logits[i] = logits[i / 2]; /* ties */
+    for (int i = 3; i < N; i += 11)
+        logits[i] = -INFINITY;
+    memset(allowed, 0, sizeof(allowed));
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int i = 0; i < N; i++)
+            if (!allowed[i] && logits[i] > -INFINITY && (best < 0 || logits[i] > logits[best]))
+                best = i;
+        allowed[best] = 1;
+    }
+    sb_sampler_params p = plain_params();
+    p.top_k = K;
+    p.temperature = 1000.0f;
+    p.seed = 3;
+    sb_sampler_t *s = make_sampler(&p, N);
+    histogram(s, logits, N, DRAWS, counts);
+    assert_drawn_set(counts, allowed, N);
+    sb_sampler_free(s);
+}
+
 /* ---- penalties --------------------------------------------------------- */
 
 /* Greedy choice among three tokens after accepting `history`. Token 2 is
@@ -830,6 +884,8 @@ int main(void) {
         cmocka_unit_test(test_top_p_and_min_p_keep_the_shorter_cut),
         cmocka_unit_test(test_top_k_paths_agree),
         cmocka_unit_test(test_draws_follow_softmax),
+        cmocka_unit_test(test_draws_follow_softmax_across_blocks),
+        cmocka_unit_test(test_top_k_large_vocabulary_exact_set),
         cmocka_unit_test(test_repeat_penalty_divides_positive_multiplies_negative),
         cmocka_unit_test(test_frequency_and_presence_penalties),
         cmocka_unit_test(test_penalty_window_forgets_old_tokens),

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "tensor/tensor.h"
+#include "tensor/threadpool.h"
 #include "testutil.h"
 
 /* Types switchboard computes with (weights), in table order. */
@@ -628,6 +629,55 @@ static void test_float_activation_rounding(void **state) {
     }
 }
 
+/* Products of one input: the same bytes as one sb_matmul per matrix, on a
+ * pool, for matrices that share an activation format (one loop) and for a
+ * mix that does not (one by one). */
+static void test_matmul_many_equals_one_by_one(void **state) {
+    (void)state;
+    enum { N_IN = 256, N_TOK = 5 };
+    static const sb_type sets[][3] = {{SB_TYPE_Q4_0, SB_TYPE_Q8_0, SB_TYPE_Q4_0}, {SB_TYPE_Q4_0, SB_TYPE_Q4_1, SB_TYPE_F16}};
+    static const int64_t n_out[3] = {37, 64, 9};
+    sb_threadpool *tp = NULL;
+    assert_int_equal(sb_threadpool_create(2, &tp, NULL), SB_OK);
+    float *x = malloc(sizeof(float) * N_IN * N_TOK);
+    for (int64_t k = 0; k < N_IN * N_TOK; k++)
+        x[k] = rng_float() * 3.0f;
+    for (size_t set = 0; set < sizeof(sets) / sizeof(sets[0]); set++) {
+        sb_matmul_dst dst[3];
+        float *want[3];
+        size_t work_size = 0;
+        for (int m = 0; m < 3; m++) {
+            const sb_type type = sets[set][m];
+            const size_t w_row = sb_type_row_size(type, N_IN);
+            float *src = malloc(sizeof(float) * N_IN);
+            char *w = malloc(w_row * (size_t)n_out[m]);
+            for (int64_t r = 0; r < n_out[m]; r++) {
+                for (int64_t k = 0; k < N_IN; k++)
+                    src[k] = rng_float();
+                traits(type)->from_float(src, w + (size_t)r * w_row, N_IN);
+            }
+            free(src);
+            dst[m] = (sb_matmul_dst){.type = type, .w = w, .n_out = n_out[m], .y = malloc(sizeof(float) * N_TOK * n_out[m])};
+            want[m] = malloc(sizeof(float) * N_TOK * n_out[m]);
+            work_size = work_size > sb_matmul_work_size(type, N_IN, N_TOK) ? work_size
+                                                                            : sb_matmul_work_size(type, N_IN, N_TOK);
+        }
+        void *work = malloc(work_size);
+        for (int m = 0; m < 3; m++)
+            sb_matmul(NULL, dst[m].type, dst[m].w, N_IN, n_out[m], x, N_TOK, want[m], work);
+        sb_matmul_many(tp, dst, 3, N_IN, x, N_TOK, work);
+        for (int m = 0; m < 3; m++) {
+            assert_memory_equal(dst[m].y, want[m], sizeof(float) * N_TOK * n_out[m]);
+            free((void *)dst[m].w);
+            free(dst[m].y);
+            free(want[m]);
+        }
+        free(work);
+    }
+    free(x);
+    sb_threadpool_free(tp);
+}
+
 static void test_matmul_odd_sizes(void **state) {
     (void)state;
     static const struct {
@@ -722,6 +772,7 @@ int main(void) {
         cmocka_unit_test(test_vec_dot_vs_oracle),
         cmocka_unit_test(test_float_activation_rounding),
         cmocka_unit_test(test_matmul_odd_sizes),
+        cmocka_unit_test(test_matmul_many_equals_one_by_one),
         cmocka_unit_test(test_get_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
