@@ -16,7 +16,9 @@
  * Environment: SB_BENCH_CPUTIME=1 times with this thread's CPU time (steadier
  * on a shared machine); SB_BENCH_PROMPT=1 runs the prompt figure only;
  * SB_BENCH_CHUNK=rows makes the prompt calls that many rows each, like
- * matmul's chunks (default: all rows in one call).
+ * matmul's chunks (default: all rows in one call); SB_BENCH_COLD=1 gives
+ * each prompt call a different copy of the weights, so that they come from
+ * DRAM as in a model's forward pass.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -71,7 +73,9 @@ int main(int argc, char **argv) {
     const bool prompt_only = getenv("SB_BENCH_PROMPT") && atoi(getenv("SB_BENCH_PROMPT")) == 1;
     /* SB_BENCH_CHUNK=rows: prompt calls of that many rows each, as matmul's chunks (default: all rows at once). */
     const int64_t chunk = getenv("SB_BENCH_CHUNK") && atoll(getenv("SB_BENCH_CHUNK")) > 0 ? atoll(getenv("SB_BENCH_CHUNK")) : nr;
-    const size_t cold_bytes = prompt_only ? 0 : (size_t)1 << 30;
+    /* SB_BENCH_COLD=1: each prompt call on a different copy of the weights (from DRAM, as in a model). */
+    const bool prompt_cold = getenv("SB_BENCH_COLD") && atoi(getenv("SB_BENCH_COLD")) == 1;
+    const size_t cold_bytes = prompt_only && !prompt_cold ? 0 : (size_t)1 << 30;
     printf("gemm kernels, one thread, n_in=%lld n_out=%lld, prompt n_tok=%lld\n", (long long)n, (long long)nr,
            (long long)nt);
     printf("%-7s %-6s %12s %12s %14s\n", "level", "type", "decode hot", "decode cold", "prompt");
@@ -137,8 +141,9 @@ int main(int argc, char **argv) {
                 reps = 0;
                 t0 = now();
                 do {
+                    const uint8_t *wc = w + (prompt_cold ? (size_t)((run * 7 + reps) % (int)copies) * mat : 0);
                     for (int64_t r0 = 0; r0 < pr; r0 += chunk)
-                        g(n, w + (size_t)r0 * ws, ws, pr - r0 < chunk ? pr - r0 : chunk, x, xs, nt, y + r0, (size_t)pr);
+                        g(n, wc + (size_t)r0 * ws, ws, pr - r0 < chunk ? pr - r0 : chunk, x, xs, nt, y + r0, (size_t)pr);
                     reps++;
                 } while ((el = now() - t0) < 0.2);
                 gflops = fmax(gflops, 2.0 * (double)n * (double)pr * (double)nt * reps / el * 1e-9);
