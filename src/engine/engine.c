@@ -501,30 +501,26 @@ static bool step(sb_engine *e) {
             i--; /* s was preempted: running[i] is the next one */
     }
 
-    int32_t n = 0;
+    /* The batch; a sequence whose last token is in it gets logits and samples. */
+    int32_t n = 0, n_sampling = 0;
     for (int32_t i = 0; i < e->n_running; i++) {
         seq *s = e->running[i];
         for (int32_t t = 0; t < s->planned; t++) {
             int32_t pos = s->n_computed + t;
-            bool last = pos == s->n_tokens - 1;
+            bool samples = pos == s->n_tokens - 1 && !s->p.embedding;
             e->batch[n++] = (sb_batch_token){.token = s->tokens[pos], .pos = pos, .blocks = s->blocks,
-                                             .want_logits = last && !s->p.embedding, .want_embd = s->p.embedding};
+                                             .want_logits = samples, .want_embd = s->p.embedding};
+            if (samples)
+                e->sampling[n_sampling++] = s;
         }
     }
     if (n == 0)
         return true;
     sb_forward_run(&e->fwd, &e->kv, e->batch, n);
 
-    /* Logits rows, in batch order, belong to the sequences whose last token
-     * was in the batch; they sample together. */
-    int32_t n_sampling = 0;
-    for (int32_t i = 0; i < e->n_running; i++) {
-        seq *s = e->running[i];
-        if (s->planned && s->n_computed + s->planned == s->n_tokens && !s->p.embedding) {
-            s->logits = e->fwd.logits + (size_t)n_sampling * e->model->hp.n_vocab;
-            e->sampling[n_sampling++] = s;
-        }
-    }
+    /* Logits rows are in batch order; the sequences sample together. */
+    for (int32_t i = 0; i < n_sampling; i++)
+        e->sampling[i]->logits = e->fwd.logits + (size_t)i * e->model->hp.n_vocab;
     sb_threadpool_for(e->pool, n_sampling, sample_one, e);
 
     int32_t bi = 0;
