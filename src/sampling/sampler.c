@@ -316,8 +316,9 @@ static size_t apply_filters(sb_sampler_t *s, float max, candidate **out) {
     const bool top_k = p->top_k > 0 && (size_t)p->top_k < n_vocab;
     const bool top_p = p->top_p < 1.0f;
     const bool min_p = p->min_p > 0.0f;
-    /* Banned (-inf) tokens are dropped in every case, which also keeps the
-     * one-survivor rule from ever bringing one back. */
+    /* Banned (-inf) tokens never survive a filter, which also keeps the
+     * one-survivor rule from ever bringing one back; with no filter on they
+     * stay, and the draw weighs them 0. */
     size_t n_heap = 0, n_ranked = 0;
     if (!top_k && !top_p && !min_p) {
         *out = NULL;
