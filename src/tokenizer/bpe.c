@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "tokenizer/heap.h"
 #include "tokenizer/vocab.h"
 
 /* ---- pre-tokenizer table ------------------------------------------------ */
@@ -541,35 +542,7 @@ static bool comes_first(const pair *a, const pair *b) {
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-static bool heap_push(sb__bpe_session *ss, pair p) {
-    if (!grow((void **)&ss->heap, &ss->cap_heap, ss->n_heap + 1, sizeof(*ss->heap)))
-        return false;
-    size_t i = ss->n_heap++;
-    while (i > 0 && comes_first(&p, &ss->heap[(i - 1) / 2])) {
-        ss->heap[i] = ss->heap[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    ss->heap[i] = p;
-    return true;
-}
-
-static pair heap_pop(sb__bpe_session *ss) {
-    pair top = ss->heap[0], last = ss->heap[--ss->n_heap];
-    size_t i = 0, n = ss->n_heap;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && comes_first(&ss->heap[c + 1], &ss->heap[c]))
-            c++;
-        if (!comes_first(&ss->heap[c], &last))
-            break;
-        ss->heap[i] = ss->heap[c];
-        i = c;
-    }
-    ss->heap[i] = last;
-    return top;
-}
+SB__HEAP(pair_heap, pair, comes_first)
 
 /* Queues the pair if a merge joins it; false only when out of memory. */
 static bool try_pair(sb__bpe_session *ss, int32_t left, int32_t right) {
@@ -577,7 +550,7 @@ static bool try_pair(sb__bpe_session *ss, int32_t left, int32_t right) {
         return true;
     const symbol *l = &ss->sym[left], *r = &ss->sym[right];
     int32_t rank = find_merge(ss->b, ss->word + l->off, l->n + r->n, l->n);
-    return rank < 0 || heap_push(ss, (pair){rank, left, right, l->n + r->n});
+    return rank < 0 || pair_heap_push(&ss->heap, &ss->n_heap, &ss->cap_heap, (pair){rank, left, right, l->n + r->n});
 }
 
 /* Merges the byte-encoded pre-token in ss->word (one symbol per byte of
@@ -596,7 +569,7 @@ static bool merge_word(sb__bpe_session *ss, const uint8_t *raw, size_t n) {
     for (size_t i = 1; ok && i < n; i++)
         ok = try_pair(ss, (int32_t)i - 1, (int32_t)i);
     while (ok && ss->n_heap > 0) {
-        pair p = heap_pop(ss);
+        pair p = pair_heap_pop(ss->heap, &ss->n_heap);
         symbol *l = &ss->sym[p.left], *r = &ss->sym[p.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != p.size)
             continue; /* one side was merged since this pair was queued */

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "tokenizer/heap.h"
 #include "tokenizer/vocab.h"
 
 /* A run of the escaped text; merged-away symbols have n == 0. */
@@ -43,41 +44,7 @@ static bool comes_first(const bigram *a, const bigram *b) {
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-static bool heap_push(spm_session *ss, bigram b) {
-    if (ss->n_heap == ss->cap_heap) {
-        size_t cap = 2 * ss->cap_heap;
-        bigram *heap = sb_realloc(ss->heap, cap * sizeof(*heap));
-        if (!heap)
-            return false;
-        ss->heap = heap;
-        ss->cap_heap = cap;
-    }
-    size_t i = ss->n_heap++;
-    while (i > 0 && comes_first(&b, &ss->heap[(i - 1) / 2])) {
-        ss->heap[i] = ss->heap[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    ss->heap[i] = b;
-    return true;
-}
-
-static bigram heap_pop(spm_session *ss) {
-    bigram top = ss->heap[0], last = ss->heap[--ss->n_heap];
-    size_t i = 0, n = ss->n_heap;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && comes_first(&ss->heap[c + 1], &ss->heap[c]))
-            c++;
-        if (!comes_first(&ss->heap[c], &last))
-            break;
-        ss->heap[i] = ss->heap[c];
-        i = c;
-    }
-    ss->heap[i] = last;
-    return top;
-}
+SB__HEAP(bigram_heap, bigram, comes_first)
 
 /* Queues the pair if it forms a token; false only when out of memory. */
 static bool try_pair(spm_session *ss, int32_t left, int32_t right) {
@@ -87,7 +54,7 @@ static bool try_pair(spm_session *ss, int32_t left, int32_t right) {
     if (size > ss->v->max_text_len)
         return true;
     int32_t id = sb__vocab_find(ss->v, ss->s + ss->sym[left].off, size);
-    return id < 0 || heap_push(ss, (bigram){ss->v->tokens[id].score, left, right, size});
+    return id < 0 || bigram_heap_push(&ss->heap, &ss->n_heap, &ss->cap_heap, (bigram){ss->v->tokens[id].score, left, right, size});
 }
 
 /* Bytes of the UTF-8 character a lead byte announces, as llama.cpp's
@@ -118,7 +85,7 @@ static sb_status merge_and_emit(spm_session *ss, int32_t n_sym, sb__tok_out *out
     for (int32_t i = 1; ok && i < n_sym; i++)
         ok = try_pair(ss, i - 1, i);
     while (ok && ss->n_heap > 0) {
-        bigram b = heap_pop(ss);
+        bigram b = bigram_heap_pop(ss->heap, &ss->n_heap);
         symbol *l = &ss->sym[b.left], *r = &ss->sym[b.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.size)
             continue; /* one side was merged since this pair was queued */
