@@ -1149,30 +1149,23 @@ FN(t_sameas) {
         same = sb_tpl_equal(self, other);
     return yes(same, out);
 }
-FN(t_lower) {
+/* Python's str.islower() / isupper() over ASCII letters: some cased letter,
+ * none of the other case. */
+static sb_status case_test(sb_tpl_val self, bool upper, sb_tpl_val *out) {
     if (self.kind != SB_TPL_STR)
         return yes(false, out);
     bool cased = false;
     for (size_t i = 0; i < self.s->len; i++) {
         char c = self.s->data[i];
-        if (c >= 'A' && c <= 'Z')
+        bool lo = c >= 'a' && c <= 'z', up = c >= 'A' && c <= 'Z';
+        if (upper ? lo : up)
             return yes(false, out);
-        cased = cased || (c >= 'a' && c <= 'z');
+        cased = cased || lo || up;
     }
     return yes(cased, out);
 }
-FN(t_upper) {
-    if (self.kind != SB_TPL_STR)
-        return yes(false, out);
-    bool cased = false;
-    for (size_t i = 0; i < self.s->len; i++) {
-        char c = self.s->data[i];
-        if (c >= 'a' && c <= 'z')
-            return yes(false, out);
-        cased = cased || (c >= 'A' && c <= 'Z');
-    }
-    return yes(cased, out);
-}
+FN(t_lower) { return case_test(self, false, out); }
+FN(t_upper) { return case_test(self, true, out); }
 FN(t_filter) { return yes(self.kind == SB_TPL_STR && sb_tpl_find_filter(self.s->data), out); }
 FN(t_test) { return yes(self.kind == SB_TPL_STR && sb_tpl_find_test(self.s->data), out); }
 
