@@ -505,6 +505,17 @@ static sb_status parse_subscript(parser *p, sb_tpl_node **node) {
     return make(p, SB_TPL_N_GETITEM, off, *node, index, node);
 }
 
+/* Ends a chain of postfix links (subscripts, calls, filters, tests): gives
+ * back the nesting depth the links took and, on failure, frees the node. */
+static sb_status end_chain(parser *p, int links, sb_status st, sb_tpl_node **node) {
+    p->depth -= links;
+    if (st && *node) {
+        node_free(*node);
+        *node = NULL;
+    }
+    return st;
+}
+
 /* On failure, *node has been freed and set to NULL. */
 static sb_status parse_postfix(parser *p, sb_tpl_node **node) {
     int links = 0;
@@ -519,12 +530,7 @@ static sb_status parse_postfix(parser *p, sb_tpl_node **node) {
         if (st || (links++, st = enter(p)))
             break;
     }
-    p->depth -= links;
-    if (st && *node) {
-        node_free(*node);
-        *node = NULL;
-    }
-    return st;
+    return end_chain(p, links, st, node);
 }
 
 static sb_status parse_dotted_name(parser *p, sb_tpl_node *n) {
@@ -625,12 +631,7 @@ static sb_status parse_filter_expr(parser *p, sb_tpl_node **node) {
         if (st || (links++, st = enter(p)))
             break;
     }
-    p->depth -= links;
-    if (st && *node) {
-        node_free(*node);
-        *node = NULL;
-    }
-    return st;
+    return end_chain(p, links, st, node);
 }
 
 static sb_status parse_unary(parser *p, bool with_filter, sb_tpl_node **out) {
