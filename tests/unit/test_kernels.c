@@ -195,11 +195,11 @@ static void test_gemm_matches_scalar(void **state) {
     assert_int_equal(failures, 0);
 }
 
-/* Every tile shape and remainder of the prompt paths (AVX-512: 8-row tiles
- * of token pairs for the block formats, 4 x 6 tiles for F16/BF16, token
- * groups and row blocks): each nt from 1 to 40 with each nr from 1 to 17,
- * on short rows; a few long rows (several token groups and row blocks,
- * several sweeps of the float lanes, a float tail) on top. */
+/* Every tile shape and remainder of the batched paths (AVX-512: 8-row
+ * tiles passed by 4 tokens at a time for the block formats, 4 x 6 tiles for
+ * F16/BF16, token groups): each nt from 1 to 40 with each nr from 1 to 17,
+ * on short rows; a few long rows (several token groups, one with a partial
+ * pass, several sweeps of the float lanes, a float tail) on top. */
 static void test_gemm_tile_shapes(void **state) {
     (void)state;
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
@@ -218,7 +218,8 @@ static void test_gemm_tile_shapes(void **state) {
                     failures += !check_gemm(k, ref, type, is_float ? 70 : 64, nr, nt);
             failures += !check_gemm(k, ref, type, 4096, 24, 37);
             failures += !check_gemm(k, ref, type, is_float ? 1090 : 1088, 9, 40);
-            failures += !check_gemm(k, ref, type, 16384, 17, 5); /* one 8-row tile per block of rows */
+            failures += !check_gemm(k, ref, type, 16384, 17, 5);
+            failures += !check_gemm(k, ref, type, 16384, 9, 45); /* block formats: token groups of 20 */
         }
     }
     assert_int_equal(failures, 0);
