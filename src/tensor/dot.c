@@ -3,7 +3,8 @@
  * already converted to the weight type's vec_dot_type.
  *
  * Float formats follow the lane order of ggml's AVX-512 kernels (see
- * dot_float), block formats that of its x86 kernels (see dot_blocks). They
+ * dot_float), block formats that of its x86 kernels (see dot_blocks, and
+ * Q4_0's whole-block order below). They
  * are the scalar level of the kernel dispatch and the oracle that the SIMD
  * kernels are tested against (bit for bit), so they stay plain.
  */
@@ -65,8 +66,8 @@ float sb__vec_dot_f32_f32_ref(int64_t n, const void *w, const void *x) { return 
 float sb__vec_dot_f16_f16_ref(int64_t n, const void *w, const void *x) { return dot_float(FLT_F16, n, w, x); }
 float sb__vec_dot_bf16_bf16_ref(int64_t n, const void *w, const void *x) { return dot_float(FLT_BF16, n, w, x); }
 
-/* Block formats accumulate the way ggml's x86 kernels do (AVX2 and up, what
- * llama.cpp runs on these machines): each block's products are summed exactly
+/* The other block formats accumulate the way ggml's x86 vec_dot kernels do
+ * (AVX2 and up, what llama.cpp runs on these machines for them): each block's products are summed exactly
  * in eight integer lanes of four consecutive elements, each lane is added to
  * its own float accumulator with one fused multiply-add by d_w*d_x, and the
  * eight accumulators are reduced pairwise at the end ((l0+l4)+(l2+l6)) +
@@ -96,8 +97,27 @@ static float dot_blocks(const sb__qfmt *wf, const sb__qfmt *xf, int64_t n, const
     return ((r0 + r2) + (r1 + r3)) + mins;
 }
 
+/* Q4_0 accumulates the way llama.cpp's x86 backend actually runs it: it
+ * repacks Q4_0 matrices (rows a multiple of 8) on load and multiplies them
+ * with kernels that sum each block's products exactly into one integer and
+ * add it with one fused multiply-add per block, acc = fma(sum, d_w*d_x, acc),
+ * one accumulator per (row, token) and no reduction at the end. That order
+ * also lets SIMD kernels put one row in each lane (one conversion and one
+ * fma per block serve 16 rows), which makes batched products far cheaper
+ * than the lane order above. */
 float sb__vec_dot_q4_0_q8_0_ref(int64_t n, const void *w, const void *x) {
-    return dot_blocks(&sb__qfmt_q4_0, &sb__qfmt_q8_0, n, w, x);
+    const uint8_t *wb = w, *xb = x;
+    int8_t wq[SB_QK], xq[SB_QK];
+    float dw, dx, unused, acc = 0.0f;
+    for (int64_t b = 0; b < n / SB_QK; b++, wb += sb__qfmt_q4_0.size, xb += sb__qfmt_q8_0.size) {
+        sb__block_unpack(&sb__qfmt_q4_0, wb, wq, &dw, &unused);
+        sb__block_unpack(&sb__qfmt_q8_0, xb, xq, &dx, &unused);
+        int sumi = 0;
+        for (int e = 0; e < SB_QK; e++)
+            sumi += wq[e] * xq[e];
+        acc = fmaf((float)sumi, dw * dx, acc);
+    }
+    return acc;
 }
 
 float sb__vec_dot_q4_1_q8_1_ref(int64_t n, const void *w, const void *x) {

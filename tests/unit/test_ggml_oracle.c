@@ -11,7 +11,8 @@
  * If its x86 CPU backend (libggml-cpu-haswell.so) runs on this CPU, also:
  *   - our act_from_float bytes == its quantize_row_<type> (activation
  *     quantization as llama.cpp does it at every matmul);
- *   - our vec_dot == its ggml_vec_dot_<w>_<x>, to the bit.
+ *   - our vec_dot == its ggml_vec_dot_<w>_<x>, to the bit (Q4_0: == the
+ *     gemv of its repacked layout, what it runs Q4_0 matrices with).
  *
  * The library is found at $SB_GGML_BASE, else at
  * tests/npm/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so
@@ -41,6 +42,8 @@ typedef size_t (*ggml_quantize_chunk_fn)(int type, const float *src, void *dst, 
                                          int64_t n_per_row, const float *imatrix);
 typedef void (*ggml_vec_dot_fn)(int n, float *s, size_t bs, const void *x, size_t bx, const void *y, size_t by,
                                 int nrc);
+/* ggml::cpu::repack::gemv<block, interleave, ...>: nc interleaved weight rows times one activation row. */
+typedef void (*ggml_gemv_fn)(int n, float *s, size_t bs, const void *vx, const void *vy, int nr, int nc);
 
 /* Every format switchboard converts, with ggml's names for its row functions. */
 static const struct {
@@ -66,12 +69,15 @@ static const struct {
 };
 
 /* Weight formats whose dot product we check against ggml's x86 kernels
- * (block formats only; the float formats' dots are not compared here). */
+ * (block formats only; the float formats' dots are not compared here).
+ * Q4_0 is checked against the kernel llama.cpp runs it with on x86: the
+ * gemv of its repacked 8-row layout, gemv<block_q4_0, 8, 8, GGML_TYPE_Q8_0>. */
+#define GEMV_Q4_0_8X8 "_ZN4ggml3cpu6repack4gemvI10block_q4_0Ll8ELl8EL9ggml_type8EEEviPfmPKvS7_ii"
 static const struct {
     sb_type type;
     const char *vec_dot;
 } dots[] = {
-    {SB_TYPE_Q4_0, "ggml_vec_dot_q4_0_q8_0"}, {SB_TYPE_Q4_1, "ggml_vec_dot_q4_1_q8_1"},
+    {SB_TYPE_Q4_0, GEMV_Q4_0_8X8}, {SB_TYPE_Q4_1, "ggml_vec_dot_q4_1_q8_1"},
     {SB_TYPE_Q5_0, "ggml_vec_dot_q5_0_q8_0"}, {SB_TYPE_Q5_1, "ggml_vec_dot_q5_1_q8_1"},
     {SB_TYPE_Q8_0, "ggml_vec_dot_q8_0_q8_0"},
     {SB_TYPE_Q2_K, "ggml_vec_dot_q2_K_q8_K"}, {SB_TYPE_Q3_K, "ggml_vec_dot_q3_K_q8_K"},
@@ -384,6 +390,25 @@ static void test_activation_quantize_matches_ggml_cpu(void **state) {
     free(theirs);
 }
 
+/* ggml's repacked Q4_0 (repack.cpp, block_q4_0x8): per block the 8 rows'
+ * F16 scales, then their quants in 8-byte pieces taken from the rows in
+ * turn, each byte xor 0x88 (signed nibbles). Row r of the first n elements
+ * of 8 rows of `stride` bytes, times xq, lands in out[r]. */
+static void gemv_q4_0_repacked(int64_t n, const uint8_t *rows, size_t stride, const uint8_t *xq, float out[8]) {
+    const int64_t nb = n / SB_QK;
+    uint8_t *packed = malloc((size_t)nb * 144);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *dst = packed + b * 144;
+        for (int r = 0; r < 8; r++)
+            memcpy(dst + 2 * r, rows + r * stride + b * 18, 2);
+        for (int i = 0; i < 16; i++)
+            for (int k = 0; k < 8; k++)
+                dst[16 + 8 * i + k] = rows[(i % 8) * stride + b * 18 + 2 + (i / 8) * 8 + k] ^ 0x88;
+    }
+    ((ggml_gemv_fn)sym(lib_cpu, GEMV_Q4_0_8X8))((int)n, out, 0, packed, xq, 1, 8);
+    free(packed);
+}
+
 /* vec_dot == ggml_vec_dot_*_q8_K of the AVX2 backend, to the bit: on
  * quantized rows of every kind, on random weight bytes, and for one block. */
 static void test_vec_dot_matches_ggml_cpu(void **state) {
@@ -391,28 +416,40 @@ static void test_vec_dot_matches_ggml_cpu(void **state) {
     if (!lib_cpu)
         skip();
     float *w = malloc(ROW * sizeof(float)), *x = malloc(ROW * sizeof(float));
-    uint8_t *wq = malloc(ROW * 2), *xq = malloc(ROW * 2);
+    /* 8 rows, as the repacked Q4_0 kernel wants them; the others use row 0. */
+    uint8_t *wq = malloc(8 * ROW * 2), *xq = malloc(ROW * 2);
     for (size_t d = 0; d < sizeof(dots) / sizeof(dots[0]); d++) {
         const sb_type type = dots[d].type;
         const sb_type_traits *t = sb_type_traits_of(type), *xt = sb_type_traits_of(t->vec_dot_type);
-        ggml_vec_dot_fn dot = (ggml_vec_dot_fn)sym(lib_cpu, dots[d].vec_dot);
+        const size_t stride = sb_type_row_size(type, ROW);
+        const bool repacked = type == SB_TYPE_Q4_0;
+        ggml_vec_dot_fn dot = repacked ? NULL : (ggml_vec_dot_fn)sym(lib_cpu, dots[d].vec_dot);
         for (int trial = 0; trial < 3 * N_KINDS; trial++) {
             const int kind = trial % N_KINDS;
             rng_state = 0x0ddba11cafef00dull + (uint64_t)(trial * 7 + (int)type);
-            if (trial < 2 * N_KINDS) {
-                make_row(kind, w, ROW);
-                t->from_float(w, wq, ROW);
-            } else {
-                random_blocks(type, wq, ROW);
+            for (int r = 0; r < (repacked ? 8 : 1); r++) {
+                if (trial < 2 * N_KINDS) {
+                    make_row((kind + r) % N_KINDS, w, ROW);
+                    t->from_float(w, wq + r * stride, ROW);
+                } else {
+                    random_blocks(type, wq + r * stride, ROW);
+                }
             }
             make_row(trial < N_KINDS ? 1 : (kind + 3) % (N_KINDS - 1), x, ROW);
             xt->act_from_float(x, xq, ROW);
             for (int64_t n = SB_QK_K; n <= ROW; n *= 16) {
-                float ours = t->vec_dot(n, wq, xq), theirs;
-                dot((int)n, &theirs, 0, wq, 0, xq, 0, 1);
-                if (memcmp(&ours, &theirs, sizeof(float)) != 0)
-                    fail_msg("%s, n=%lld, trial %d (%s weights): ours %a, ggml %a", dots[d].vec_dot, (long long)n,
-                             trial, trial < 2 * N_KINDS ? kind_name(kind) : "random", (double)ours, (double)theirs);
+                float theirs[8];
+                if (repacked)
+                    gemv_q4_0_repacked(n, wq, stride, xq, theirs);
+                else
+                    dot((int)n, &theirs[0], 0, wq, 0, xq, 0, 1);
+                for (int r = 0; r < (repacked ? 8 : 1); r++) {
+                    const float ours = t->vec_dot(n, wq + r * stride, xq);
+                    if (memcmp(&ours, &theirs[r], sizeof(float)) != 0)
+                        fail_msg("%s, n=%lld, trial %d (%s weights), row %d: ours %a, ggml %a", dots[d].vec_dot,
+                                 (long long)n, trial, trial < 2 * N_KINDS ? kind_name(kind) : "random", r,
+                                 (double)ours, (double)theirs[r]);
+                }
             }
         }
     }

@@ -13,6 +13,7 @@
  *   - block formats: per (row, token) pair, 8 float lanes; per block one
  *     fma(d_w*d_x, lane_sum, acc) per lane, then ((l0+l4)+(l2+l6)) +
  *     ((l1+l5)+(l3+l7)), plus a scalar sum of m_w*s_x for formats with a min;
+ *     except Q4_0: one fma(block_sum, d_w*d_x, acc) per block (gemm_q4_0);
  *   - float formats: 64 lanes per pair (fmaf per element, by position
  *     mod 64), a fixed reduction, the tail in double.
  * Lanes are independent, so the kernels are free in how they walk them: a
@@ -25,7 +26,7 @@
  * registers.
  *
  * With several tokens the AVX-512 level takes other paths (qs_gemm for the
- * block formats, fg_gemm for F16/BF16 from FG_MIN_NT tokens) that unpack or
+ * other block formats, fg_gemm for F16/BF16 from FG_MIN_NT tokens) that unpack or
  * convert operands into per-thread scratch first; same lanes, same
  * operations, same bytes.
  */
@@ -86,7 +87,8 @@
 #endif
 
 /* The formats, as compile-time constants of the tile functions. */
-typedef enum { F_F32, F_F16, F_BF16, F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0 } fmt;
+/* Q4_0 has its own kernel (gemm_q4_0), outside this scheme. */
+typedef enum { F_F32, F_F16, F_BF16, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0 } fmt;
 
 SBX_ALWAYS bool is_float(fmt f) { return f <= F_BF16; }
 SBX_ALWAYS bool has_min(fmt f) { return f == F_Q4_1 || f == F_Q5_1; }
@@ -241,8 +243,55 @@ SBX_ALWAYS void f_tile(fmt f, fmt fx, int R, int T, int64_t n, const uint8_t *w,
 
 /* ==== block formats ===================================================== */
 
+/* 0x4b400000 is the float 1.5*2^23: an int32 sum that starts from it holds,
+ * as a float, 1.5*2^23 plus the sum (|sum| < 2^22), and subtracting 1.5*2^23
+ * gives exactly (float)sum, on either vector port (vcvtdq2ps would add a
+ * uop on the one that the integer dot products need). */
+#define QS_MAGIC 0x4b400000
+
+/* Per-thread scratch: a weight area and an activation area, grown on
+ * demand, freed when the thread exits. */
+typedef struct {
+    uint8_t *p[2];
+    size_t cap[2];
+} scratch_areas;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static bool scratch_key_ok;
+
+static void scratch_free(void *v) {
+    scratch_areas *s = v;
+    free(s->p[0]);
+    free(s->p[1]);
+    free(s);
+}
+static void scratch_key_init(void) { scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0; }
+
+/* Area i of at least `bytes` bytes, 64-aligned; NULL if out of memory. */
+static uint8_t *scratch_area(int i, size_t bytes) {
+    pthread_once(&scratch_once, scratch_key_init);
+    if (!scratch_key_ok)
+        return NULL;
+    scratch_areas *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        s = calloc(1, sizeof(*s));
+        if (!s || pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->cap[i] < bytes) {
+        const size_t cap = (bytes + bytes / 4 + 63) / 64 * 64;
+        free(s->p[i]);
+        s->p[i] = aligned_alloc(64, cap);
+        s->cap[i] = s->p[i] ? cap : 0;
+    }
+    return s->p[i];
+}
+
+
 SBX_ALWAYS size_t q_wsize(fmt f) {
-    return f == F_Q4_0 ? 18 : f == F_Q4_1 ? 20 : f == F_Q5_0 ? 22 : f == F_Q5_1 ? 24 : 34;
+    return f == F_Q4_1 ? 20 : f == F_Q5_0 ? 22 : f == F_Q5_1 ? 24 : 34;
 }
 SBX_ALWAYS size_t q_xsize(fmt f) { return has_min(f) ? sizeof(sb_block_q8_1) : sizeof(sb_block_q8_0); }
 
@@ -252,7 +301,7 @@ SBX_ALWAYS size_t q_xsize(fmt f) { return has_min(f) ? sizeof(sb_block_q8_1) : s
  * 128); AVX2's maddubs would saturate on that, so there Q8_0 uses
  * |w| * (x with w's sign), exact for activations in [-127, 127]. */
 SBX_ALWAYS int q_bias(fmt f) {
-    return f == F_Q4_0 ? 8 : f == F_Q5_0 ? 16 : f == F_Q8_0 && SBX_AVX512 ? 128 : 0;
+    return f == F_Q5_0 ? 16 : f == F_Q8_0 && SBX_AVX512 ? 128 : 0;
 }
 
 /* Elements 0..15 from the low nibbles of qs, 16..31 from the high ones: the
@@ -294,7 +343,6 @@ SBX_ALWAYS wblock w_decode(fmt f, const uint8_t *b) {
     o.d = h2f_bcast(b);
     o.m = has_min(f) ? _mm_cvtph_ps(_mm_set1_epi16((short)load_u16(b + 2))) : _mm_setzero_ps();
     switch (f) {
-    case F_Q4_0: o.q = nibbles(b + 2); break;
     case F_Q4_1: o.q = nibbles(b + 4); break;
     case F_Q5_0: o.q = _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)); break;
     case F_Q5_1: o.q = _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); break;
@@ -417,56 +465,13 @@ SBX_ALWAYS void q_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t 
  *
  * The activations' lane starting values and scales are computed once per
  * call into scratch: QS_MAGIC - bias * (sum of the lane's 4 quants), which
- * carries the bias correction (exact, as on the decode path) and
- * 0x4b400000, the float 1.5*2^23: the int32 result is that float plus the
- * lane sum (|sum| < 2^22), and subtracting 1.5*2^23 gives exactly
- * (float)sum, on either vector port (vcvtdq2ps would add a uop). The
+ * carries the bias correction (exact, as on the decode path) and the float
+ * conversion's offset. The
  * quants are read from the Q8 rows as they are. */
-#define QS_MAGIC 0x4b400000
 #define QS_MIN_NT 2
 #define QS_T 4                   /* tokens per pass: 16 accumulators */
 #define QS_XGROUP (768 * 1024)   /* bytes of activations per token group (L2-resident) */
 enum { QS_XB = 8 * 4 + 4 + 4 }; /* per token and block: lane starting values, d_x, s_x */
-
-/* Per-thread scratch: a weight area and an activation area, grown on
- * demand, freed when the thread exits. */
-typedef struct {
-    uint8_t *p[2];
-    size_t cap[2];
-} scratch_areas;
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static bool scratch_key_ok;
-
-static void scratch_free(void *v) {
-    scratch_areas *s = v;
-    free(s->p[0]);
-    free(s->p[1]);
-    free(s);
-}
-static void scratch_key_init(void) { scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0; }
-
-/* Area i of at least `bytes` bytes, 64-aligned; NULL if out of memory. */
-static uint8_t *scratch_area(int i, size_t bytes) {
-    pthread_once(&scratch_once, scratch_key_init);
-    if (!scratch_key_ok)
-        return NULL;
-    scratch_areas *s = pthread_getspecific(scratch_key);
-    if (!s) {
-        s = calloc(1, sizeof(*s));
-        if (!s || pthread_setspecific(scratch_key, s) != 0) {
-            free(s);
-            return NULL;
-        }
-    }
-    if (s->cap[i] < bytes) {
-        const size_t cap = (bytes + bytes / 4 + 63) / 64 * 64;
-        free(s->p[i]);
-        s->p[i] = aligned_alloc(64, cap);
-        s->cap[i] = s->p[i] ? cap : 0;
-    }
-    return s->p[i];
-}
 
 SBX_ALWAYS size_t qs_wbytes(fmt f) { return (size_t)(has_min(f) ? 6 : 5) * 64; }
 
@@ -488,8 +493,7 @@ SBX_ALWAYS void qs_unpack(fmt f, const uint8_t *w, size_t ws, int rows, int64_t 
      * pair 0 (1), their high nibbles lane pair 2 (3). */
     const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), odd = _mm512_add_epi64(even, _mm512_set1_epi64(1));
     const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    const bool nib = f == F_Q4_0 || f == F_Q4_1;
-    const size_t qo = f == F_Q4_0 ? 2 : 4;
+    const bool nib = f == F_Q4_1;
     for (int64_t b = 0; b < nb; b++, dst += wb) {
         /* d_w (and m_w) of the 8 rows: one gather of each row's first dword. */
         const __m256i dm = _mm256_i32gather_epi32((const int *)(w + (size_t)b * wsz), rowoff, 1);
@@ -497,7 +501,7 @@ SBX_ALWAYS void qs_unpack(fmt f, const uint8_t *w, size_t ws, int rows, int64_t 
             __m512i q4[2];
             for (int k = 0; k < 8; k += 4) {
                 const uint8_t *const *r = rp + k;
-                const size_t o = (size_t)b * wsz + qo;
+                const size_t o = (size_t)b * wsz + 4;
                 __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(r[0] + o)));
                 v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[1] + o)), 1);
                 v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[2] + o)), 2);
@@ -685,6 +689,233 @@ SBX_ALWAYS bool fg_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
 }
 #endif
 
+/* ==== Q4_0: one weight row per lane ===================================== */
+
+/* Q4_0's reference (dot.c) sums each block's products into one integer and
+ * adds it with one fma per (row, token) pair: acc = fma(sum, d_w*d_x, acc).
+ * So a vector lane can hold a whole row: a tile of QB_R rows (16 on AVX-512,
+ * 8 on AVX2) is transposed block by block into 8 vectors, vector k holding
+ * for every row the 4 quant bytes of elements 4k..4k+3 (k < 4: the low
+ * nibbles of qs bytes 4k..4k+3; k >= 4: their high nibbles, elements
+ * 16+4(k-4)..), and a token's block is 8 multiply-adds of those vectors with
+ * its activation bytes 4k..4k+3 broadcast, then one conversion, one scale
+ * product and one fma for all QB_R rows. The transposition serves up to QB_T
+ * tokens, so one token (decode) and many (batches, prompts) share the code.
+ *
+ * The quants are taken unsigned (0..15) and the -8 folded into the integer
+ * sum's starting value, -8 * (sum of the token's 32 quants), exact. That
+ * value also carries QS_MAGIC (see qs_gemm) so that one float subtraction
+ * turns the sum into a float. Both are prepared once per call and token, with
+ * d_x as a float, in QB_XB bytes per block. */
+#if SBX_AVX512
+typedef __m512i vi;
+#define QB_R 16
+#define QB_T 8
+#else
+typedef __m256i vi;
+#define QB_R 8
+#define QB_T 4
+#endif
+#define QB_XB 8                /* per token and block: int32 starting value, float d_x */
+#define QB_XGROUP (256 * 1024) /* bytes of prepared terms per token group */
+
+SBX_ALWAYS int32_t load_i32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/* Sum of 32 signed bytes: their unsigned (q + 128) sums of absolute
+ * differences against zero, less 32 * 128. */
+SBX_ALWAYS int32_t q8_block_sum(const uint8_t *q) {
+    const __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)q), _mm256_set1_epi8((char)0x80));
+    const __m256i s = _mm256_sad_epu8(v, _mm256_setzero_si256());
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi64(t, _mm_unpackhi_epi64(t, t));
+    return _mm_cvtsi128_si32(t) - 32 * 128;
+}
+
+SBX_ALWAYS void qb_prepare(const uint8_t *x, int64_t nb, uint8_t *dst) {
+    for (int64_t b = 0; b < nb; b++, x += sizeof(sb_block_q8_0), dst += QB_XB) {
+        const int32_t start = QS_MAGIC - 8 * q8_block_sum(x + 2);
+        const float dx = _cvtsh_ss(load_u16(x));
+        memcpy(dst, &start, sizeof(start));
+        memcpy(dst + 4, &dx, sizeof(dx));
+    }
+}
+
+/* The 16 quant bytes of each row's block at offset off, transposed: v[j]
+ * holds bytes 4j..4j+3 of row r in lane r. Row 4L+m enters 128-bit lane L of
+ * a[m], so that the two unpack stages leave the rows in order. */
+SBX_ALWAYS void qb_transpose(const uint8_t *const *rp, size_t off, vi v[4]) {
+    vi a[4];
+    SBX_UNROLL for (int m = 0; m < 4; m++) {
+#define QB_ROW(L) _mm_loadu_si128((const __m128i *)(rp[4 * (L) + m] + off))
+#if SBX_AVX512
+        __m512i t = _mm512_castsi128_si512(QB_ROW(0));
+        t = _mm512_inserti32x4(t, QB_ROW(1), 1);
+        t = _mm512_inserti32x4(t, QB_ROW(2), 2);
+        a[m] = _mm512_inserti32x4(t, QB_ROW(3), 3);
+#else
+        a[m] = _mm256_inserti128_si256(_mm256_castsi128_si256(QB_ROW(0)), QB_ROW(1), 1);
+#endif
+#undef QB_ROW
+    }
+#if SBX_AVX512
+    const vi u0 = _mm512_unpacklo_epi32(a[0], a[1]), u1 = _mm512_unpackhi_epi32(a[0], a[1]);
+    const vi u2 = _mm512_unpacklo_epi32(a[2], a[3]), u3 = _mm512_unpackhi_epi32(a[2], a[3]);
+    v[0] = _mm512_unpacklo_epi64(u0, u2);
+    v[1] = _mm512_unpackhi_epi64(u0, u2);
+    v[2] = _mm512_unpacklo_epi64(u1, u3);
+    v[3] = _mm512_unpackhi_epi64(u1, u3);
+#else
+    const vi u0 = _mm256_unpacklo_epi32(a[0], a[1]), u1 = _mm256_unpackhi_epi32(a[0], a[1]);
+    const vi u2 = _mm256_unpacklo_epi32(a[2], a[3]), u3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    v[0] = _mm256_unpacklo_epi64(u0, u2);
+    v[1] = _mm256_unpackhi_epi64(u0, u2);
+    v[2] = _mm256_unpacklo_epi64(u1, u3);
+    v[3] = _mm256_unpackhi_epi64(u1, u3);
+#endif
+}
+
+/* The QB_R rows' d_w of the block at p (row r at p + off[r]): one gather of
+ * each row's first dword, whose low half is the F16 scale. */
+SBX_ALWAYS vf qb_scales(const uint8_t *p, vi off) {
+#if SBX_AVX512
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(off, p, 1)));
+#else
+    const __m256i g = _mm256_i32gather_epi32((const int *)p, off, 1);
+    const __m256i low = _mm256_shuffle_epi8(g, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1,
+                                                                -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1,
+                                                                -1, -1));
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(low, 0x08)));
+#endif
+}
+
+/* acc + the sums of 4 products (w unsigned, x signed) per int32 lane. */
+SBX_ALWAYS vi qb_dot4(vi acc, vi w, int32_t x4) {
+#if SBX_AVX512
+    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4));
+#else
+    /* maddubs pairs stay below 2 * 15 * 128: no saturation. */
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(x4)),
+                                                   _mm256_set1_epi16(1)));
+#endif
+}
+
+/* T tokens against the QB_R rows from w (rows past `rows` repeat the last;
+ * their results are not stored): y[t*ldy + r]. xc: the tokens' prepared
+ * terms. pf: the next tile's rows (QB_R rows of 18-byte blocks, contiguous),
+ * prefetched at the pace of the blocks, as qs_tile does. */
+SBX_ALWAYS void qb_tile(int T, int64_t nb, const uint8_t *w, size_t ws, int rows, const uint8_t *x, size_t xs,
+                        const uint8_t *xc, size_t xcs, float *y, size_t ldy, const uint8_t *pf) {
+    const uint8_t *rp[QB_R];
+    int32_t off[QB_R];
+    for (int r = 0; r < QB_R; r++) {
+        rp[r] = w + (size_t)(r < rows ? r : rows - 1) * ws;
+        off[r] = (int32_t)(rp[r] - w);
+    }
+#if SBX_AVX512
+    const vi rowoff = _mm512_loadu_si512(off), m4 = _mm512_set1_epi8(0x0f);
+    const vf magic = _mm512_castsi512_ps(_mm512_set1_epi32(QS_MAGIC));
+#else
+    const vi rowoff = _mm256_loadu_si256((const __m256i *)off), m4 = _mm256_set1_epi8(0x0f);
+    const vf magic = _mm256_castsi256_ps(_mm256_set1_epi32(QS_MAGIC));
+#endif
+    vf acc[QB_T];
+    SBX_UNROLL for (int t = 0; t < T; t++)
+        acc[t] = vf_zero();
+    for (int64_t b = 0; b < nb; b++) {
+        const size_t o = (size_t)b * sizeof(sb_block_q4_0);
+        if (pf)
+            prefetch_ahead(pf + (size_t)b * QB_R * sizeof(sb_block_q4_0), QB_R * sizeof(sb_block_q4_0));
+        vi v[4], wq[8];
+        qb_transpose(rp, o + 2, v);
+        SBX_UNROLL for (int k = 0; k < 4; k++) {
+#if SBX_AVX512
+            wq[k] = _mm512_and_si512(v[k], m4);
+            wq[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v[k], 4), m4);
+#else
+            wq[k] = _mm256_and_si256(v[k], m4);
+            wq[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v[k], 4), m4);
+#endif
+        }
+        const vf dw = qb_scales(w + o, rowoff);
+        SBX_UNROLL for (int t = 0; t < T; t++) {
+            const uint8_t *xq = x + t * xs + (size_t)b * sizeof(sb_block_q8_0) + 2;
+            const uint8_t *c = xc + t * xcs + (size_t)b * QB_XB;
+            float dx;
+            memcpy(&dx, c + 4, sizeof(dx));
+#if SBX_AVX512
+            vi s = _mm512_set1_epi32(load_i32(c));
+            SBX_UNROLL for (int k = 0; k < 8; k++)
+                s = qb_dot4(s, wq[k], load_i32(xq + 4 * k));
+            const vf sum = _mm512_sub_ps(_mm512_castsi512_ps(s), magic);
+            acc[t] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[t]);
+#else
+            vi s = _mm256_set1_epi32(load_i32(c));
+            SBX_UNROLL for (int k = 0; k < 8; k++)
+                s = qb_dot4(s, wq[k], load_i32(xq + 4 * k));
+            const vf sum = _mm256_sub_ps(_mm256_castsi256_ps(s), magic);
+            acc[t] = _mm256_fmadd_ps(sum, _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc[t]);
+#endif
+        }
+    }
+    SBX_UNROLL for (int t = 0; t < T; t++) {
+#if SBX_AVX512
+        _mm512_mask_storeu_ps(y + (size_t)t * ldy, (__mmask16)((1u << rows) - 1), acc[t]);
+#else
+        const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(y + (size_t)t * ldy, keep, acc[t]);
+#endif
+    }
+}
+
+/* Tokens in groups whose prepared terms stay in L2; tiles of QB_R rows
+ * outer, passes of QB_T tokens inner, so a tile's rows are read from memory
+ * once per group. Without scratch (out of memory) it falls back to the
+ * reference, which gives the same bytes. */
+static void gemm_q4_0(int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv, size_t xs, int64_t nt,
+                      float *y, size_t ldy) {
+    const uint8_t *w = wv, *x = xv;
+    const int64_t nb = n / SB_QK;
+    const size_t xcs = (size_t)nb * QB_XB;
+    int64_t group = (int64_t)(QB_XGROUP / xcs) / QB_T * QB_T;
+    group = group < QB_T ? QB_T : group > nt ? nt : group;
+    uint8_t *xc = scratch_area(1, xcs * (size_t)group);
+    if (!xc) {
+        for (int64_t t = 0; t < nt; t++)
+            for (int64_t r = 0; r < nr; r++)
+                y[t * ldy + r] = sb__vec_dot_q4_0_q8_0_ref(n, w + r * ws, x + t * xs);
+        return;
+    }
+    for (int64_t t0 = 0; t0 < nt; t0 += group) {
+        const int64_t g = nt - t0 < group ? nt - t0 : group;
+        for (int64_t t = 0; t < g; t++)
+            qb_prepare(x + (size_t)(t0 + t) * xs, nb, xc + (size_t)t * xcs);
+        for (int64_t r = 0; r < nr; r += QB_R) {
+            const int rows = nr - r < QB_R ? (int)(nr - r) : QB_R;
+            for (int64_t t = 0; t < g; t += QB_T) {
+                const uint8_t *wr = w + (size_t)r * ws, *xt = x + (size_t)(t0 + t) * xs, *xct = xc + (size_t)t * xcs;
+                float *yt = y + (size_t)(t0 + t) * ldy + (size_t)r;
+                const uint8_t *pf = t == 0 ? w + (size_t)(r + QB_R) * ws : NULL;
+                switch (g - t < QB_T ? g - t : QB_T) {
+                case 1: qb_tile(1, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+                case 2: qb_tile(2, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+                case 3: qb_tile(3, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+#if QB_T > 4
+                case 4: qb_tile(4, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+                case 5: qb_tile(5, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+                case 6: qb_tile(6, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+                case 7: qb_tile(7, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+#endif
+                default: qb_tile(QB_T, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+                }
+            }
+        }
+    }
+}
+
 /* ==== gemm driver ======================================================= */
 
 SBX_ALWAYS void tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
@@ -743,7 +974,6 @@ SBX_ALWAYS void gemm(fmt f, int64_t n, const void *wv, size_t ws, int64_t nr, co
 SBX_GEMM(gemm_f32, F_F32)
 SBX_GEMM(gemm_f16, F_F16)
 SBX_GEMM(gemm_bf16, F_BF16)
-SBX_GEMM(gemm_q4_0, F_Q4_0)
 SBX_GEMM(gemm_q4_1, F_Q4_1)
 SBX_GEMM(gemm_q5_0, F_Q5_0)
 SBX_GEMM(gemm_q5_1, F_Q5_1)
