@@ -106,12 +106,15 @@ static float gelu_f16(float x) {
     return sb_fp16_to_fp32(sb_fp32_to_fp16(g));
 }
 
-/* gate[i] = act(gate[i]) * up[i] */
+/* gate[i] = act(gate[i]) * up[i]; SiLU is a kernel (llama.cpp's vectorised
+ * exp, see tensor/act.c). */
 static void glu(float *gate, const float *up, size_t n, sb_ffn_act act) {
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = (act == SB_ACT_SILU ? g / (1.0f + expf(-g)) : gelu_f16(g)) * up[i];
+    if (act == SB_ACT_SILU) {
+        sb_kernels_active()->swiglu((int64_t)n, gate, up);
+        return;
     }
+    for (size_t i = 0; i < n; i++)
+        gate[i] = gelu_f16(gate[i]) * up[i];
 }
 
 /* ---- per-token work on the pool -------------------------------------------- */

@@ -63,6 +63,7 @@ static void fill_scalar(sb_kernels *k) {
     memset(k, 0, sizeof(*k));
     k->level = SB_CPU_SCALAR;
     k->axpy = axpy_ref;
+    k->swiglu = sb__swiglu_ref;
     for (uint32_t id = 0; id < SB_TYPE_COUNT; id++) {
         const sb_type_traits *t = sb_type_traits_of(id);
         if (!t)

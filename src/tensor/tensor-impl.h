@@ -96,6 +96,10 @@ float sb__vec_dot_q5_0_q8_0_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q5_1_q8_1_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q8_0_q8_0_ref(int64_t n, const void *w, const void *x);
 
+/* Activation functions (act.c). */
+float sb__silu_ref(float x);
+void sb__swiglu_ref(int64_t n, float *gate, const float *up);
+
 /* ISA levels (x86/kernels-*.c): each overrides, in a table that starts as a
  * copy of the scalar level, the entries it has kernels for. Called once by
  * cpu.c, and only where the CPU runs that level. */

@@ -146,9 +146,15 @@ typedef void (*sb_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t nr
  * weighted sum of values. */
 typedef void (*sb_axpy_fn)(int64_t n, float a, const float *x, float *y);
 
+/* gate[i] = silu(gate[i]) * up[i] for i < n, F32, silu(x) = x / (1 + e^-x)
+ * with e^-x as llama.cpp's AVX-512 backend computes it (ggml_v_expf), the
+ * same bytes at every level. SwiGLU's gated activation. */
+typedef void (*sb_swiglu_fn)(int64_t n, float *gate, const float *up);
+
 typedef struct sb_kernels {
     sb_cpu_level level;
     sb_axpy_fn axpy;
+    sb_swiglu_fn swiglu;
     sb_gemm_fn gemm[SB_TYPE_COUNT];                 /* by weight type; NULL where the type has no vec_dot */
     sb_from_float_fn act_from_float[SB_TYPE_COUNT]; /* by activation type (F32, F16, BF16, Q8_0, Q8_1):
                                                        the bytes of the type table's act_from_float */

@@ -331,6 +331,58 @@ static void test_act_matches_scalar(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* SwiGLU: every level gives the scalar bytes (NaN for NaN), over the whole
+ * float range, the saturation points of the exp and odd lengths; and the
+ * scalar one is SiLU within the approximation's few ulps. */
+static void test_swiglu_matches_scalar(void **state) {
+    (void)state;
+    enum { N = 4099 };
+    static const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 87.0f, 88.5f, -88.5f, 103.9f, -103.9f, 104.0f,
+                                     -104.0f, 133.0f, -133.0f, 140.0f, -140.0f, 1e30f, -1e30f, 1e-40f, -1e-40f,
+                                     INFINITY, -INFINITY, NAN};
+    float *g = malloc(N * sizeof(float)), *up = malloc(N * sizeof(float));
+    float *want = malloc(N * sizeof(float)), *got = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        const size_t ns = sizeof(specials) / sizeof(specials[0]);
+        g[i] = i < (int)ns ? specials[i] : ldexpf(rng_unit(), (int)rng_below(48) - 40);
+        if (i % 5 == 0 && i >= (int)ns)
+            g[i] = rng_unit() * 200.0f;
+        up[i] = i % 7 == 0 ? 1.0f : rng_unit() * 4.0f;
+    }
+    const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
+    memcpy(want, g, N * sizeof(float));
+    ref->swiglu(N, want, up);
+    for (int i = 0; i < N; i++) {
+        const double x = g[i], silu = x / (1.0 + exp(-x));
+        if (isfinite(x) && fabs(x) < 80.0 && fabs(silu) > 1e-30)
+            assert_true(fabs(want[i] / up[i] - silu) <= 1e-6 * fabs(silu));
+    }
+    int failures = 0;
+    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
+        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
+        if (!k)
+            continue;
+        for (int n = N - 16; n <= N; n++) {
+            memcpy(got, g, N * sizeof(float));
+            k->swiglu(n, got, up);
+            for (int i = 0; i < n; i++)
+                if (!(isnan(got[i]) && isnan(want[i])) && bits_of(got[i]) != bits_of(want[i])) {
+                    print_error("%s swiglu(%a, %a) = %a, scalar %a\n", sb_cpu_level_name(k->level), (double)g[i],
+                                (double)up[i], (double)got[i], (double)want[i]);
+                    failures++;
+                    break;
+                }
+            if (n < N) /* nothing past n written */
+                assert_true(bits_of(got[n]) == bits_of(g[n]));
+        }
+    }
+    free(g);
+    free(up);
+    free(want);
+    free(got);
+    assert_int_equal(failures, 0);
+}
+
 /* ---- level selection -------------------------------------------------- */
 
 /* Runs sb_kernels_active() in a child with SB_CPU set to value; returns the
@@ -404,6 +456,7 @@ int main(void) {
         cmocka_unit_test(test_level_selection),
         cmocka_unit_test(test_scalar_gemm_is_vec_dot),
         cmocka_unit_test(test_act_matches_scalar),
+        cmocka_unit_test(test_swiglu_matches_scalar),
         cmocka_unit_test(test_gemm_matches_scalar),
         cmocka_unit_test(test_gemm_tile_shapes),
     };

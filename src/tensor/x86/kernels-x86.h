@@ -35,6 +35,7 @@
 #endif
 
 #include <immintrin.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -1110,8 +1111,68 @@ static void axpy_f32(int64_t n, float a, const float *x, float *y) {
         y[i] += a * x[i];
 }
 
+/* ---- swiglu ---- */
+
+/* act.c's SiLU, VW lanes at a time: ggml_v_expf(-x) and x / (1 + e).
+ * AVX-512 scales by 2^n with vscalefps, as ggml; AVX2 multiplies by
+ * 2^(n>>1) (exact) and then by 2^(n - (n>>1)) (one rounding), which gives
+ * the same result for every |n| <= 192 (larger n saturate). */
+SBX_ALWAYS vf silu_v(vf x) {
+#if SBX_AVX512
+#define V(c) _mm512_set1_ps(c)
+    const __m512 xn = _mm512_sub_ps(_mm512_setzero_ps(), x);
+    const __m512 z = _mm512_fmadd_ps(xn, V(0x1.715476p+0f), V(0x1.8p23f));
+    const __m512 n = _mm512_sub_ps(z, V(0x1.8p23f));
+    const __m512 b = _mm512_fnmadd_ps(n, V(0x1.7f7d1cp-20f), _mm512_fnmadd_ps(n, V(0x1.62e4p-1f), xn));
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(V(0x1.0e4020p-7f), b, V(0x1.573e2ep-5f)), u,
+                        _mm512_fmadd_ps(V(0x1.555e66p-3f), b, V(0x1.fffdb6p-2f))),
+        u, _mm512_fmadd_ps(V(0x1.ffffecp-1f), b, V(1.0f)));
+    const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(n), V(192.0f), _CMP_GT_OQ);
+    const __m512 sat = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ), V(INFINITY),
+                                            _mm512_setzero_ps());
+    const __m512 e = _mm512_mask_blend_ps(big, _mm512_scalef_ps(j, n), sat);
+    return _mm512_div_ps(x, _mm512_add_ps(V(1.0f), e));
+#undef V
+#else
+#define V(c) _mm256_set1_ps(c)
+    const __m256 xn = _mm256_sub_ps(_mm256_setzero_ps(), x);
+    const __m256 z = _mm256_fmadd_ps(xn, V(0x1.715476p+0f), V(0x1.8p23f));
+    const __m256 n = _mm256_sub_ps(z, V(0x1.8p23f));
+    const __m256 b = _mm256_fnmadd_ps(n, V(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, V(0x1.62e4p-1f), xn));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(V(0x1.0e4020p-7f), b, V(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(V(0x1.555e66p-3f), b, V(0x1.fffdb6p-2f))),
+        u, _mm256_fmadd_ps(V(0x1.ffffecp-1f), b, V(1.0f)));
+    const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    const __m256 big = _mm256_cmp_ps(_mm256_andnot_ps(V(-0.0f), n), V(192.0f), _CMP_GT_OQ);
+    const __m256 sat = _mm256_blendv_ps(V(INFINITY), _mm256_setzero_ps(), _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ));
+    const __m256 e = _mm256_blendv_ps(_mm256_mul_ps(_mm256_mul_ps(j, s1), s2), sat, big);
+    return _mm256_div_ps(x, _mm256_add_ps(V(1.0f), e));
+#undef V
+#endif
+}
+
+static void swiglu_f32(int64_t n, float *gate, const float *up) {
+    int64_t i = 0;
+#if SBX_AVX512
+    for (; i + VW <= n; i += VW)
+        _mm512_storeu_ps(gate + i, _mm512_mul_ps(silu_v(_mm512_loadu_ps(gate + i)), _mm512_loadu_ps(up + i)));
+#else
+    for (; i + VW <= n; i += VW)
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu_v(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+#endif
+    sb__swiglu_ref(n - i, gate + i, up + i);
+}
+
 void SBX_FILL(sb_kernels *k) {
     k->axpy = axpy_f32;
+    k->swiglu = swiglu_f32;
     k->gemm[SB_TYPE_F32] = gemm_f32;
     k->gemm[SB_TYPE_F16] = gemm_f16;
     k->gemm[SB_TYPE_BF16] = gemm_bf16;
