@@ -202,16 +202,17 @@ static void softcap(float *x, size_t n, float cap) {
         x[i] = tanhf(x[i] * (1.0f / cap)) * cap;
 }
 
-static void matmul(sb_forward *f, const sb_weight *w, const float *x, int32_t n_tok, float *y) {
-    sb_matmul(f->pool, w->type, w->data, w->n_in, w->n_out, x, n_tok, y, f->work);
-}
-
 /* Up to three products of the same input, converted once, in one parallel loop. */
 static void matmul3(sb_forward *f, const float *x, int32_t n_tok, const sb_weight *const *w, float *const *y, int n) {
     sb_matmul_dst d[3];
     for (int i = 0; i < n; i++)
-        d[i] = (sb_matmul_dst){.type = w[i]->type, .w = w[i]->data, .n_out = w[i]->n_out, .y = y[i]};
+        d[i] = (sb_matmul_dst){
+            .type = w[i]->type, .w = w[i]->data, .packed = w[i]->packed, .n_out = w[i]->n_out, .y = y[i]};
     sb_matmul_many(f->pool, d, n, w[0]->n_in, x, n_tok, f->work);
+}
+
+static void matmul(sb_forward *f, const sb_weight *w, const float *x, int32_t n_tok, float *y) {
+    matmul3(f, x, n_tok, &w, &y, 1);
 }
 
 /* ---- attention ------------------------------------------------------------ */

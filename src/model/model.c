@@ -4,11 +4,66 @@
  * model and tokenizer entry points of switchboard.h, which forward to the
  * tokenizer module.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "base/base.h"
 #include "model/model.h"
+
+/* ---- packed matrices -------------------------------------------------------- */
+
+/* The model's matrices the active kernels pack, into out[] (room for
+ * 8 per layer + 1); the output only when it is not the embedding table,
+ * whose rows are also looked up one by one. */
+static size_t packable(sb_model *m, sb_weight **out) {
+    size_t n = 0;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        sb_layer *l = &m->layers[il];
+        sb_weight *w[] = {&l->wq, &l->wk, &l->wv, &l->wqkv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        for (size_t i = 0; i < SB_ARRAY_LEN(w); i++)
+            if (w[i]->data && sb_weight_packable(w[i]->type, w[i]->n_in, w[i]->n_out))
+                out[n++] = w[i];
+    }
+    if (m->output.data != m->tok_embd.data && sb_weight_packable(m->output.type, m->output.n_in, m->output.n_out))
+        out[n++] = &m->output;
+    return n;
+}
+
+sb_status sb_model_pack(sb_model *m, sb_error *err) {
+    sb_weight **list = sb_calloc((size_t)m->hp.n_layer * 8 + 1, sizeof(*list));
+    if (!list)
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    const size_t n = packable(m, list);
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) /* each copy 64-byte aligned, for the kernels' vector loads */
+        total += (sb_type_row_size(list[i]->type, list[i]->n_in) * (size_t)list[i]->n_out + 63) / 64 * 64;
+    if (n > 0 && !(m->packed = sb_malloc(total + 63))) {
+        sb_free(list);
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory for %zu bytes of packed weights", total);
+    }
+    uint8_t *dst = (uint8_t *)(((uintptr_t)m->packed + 63) & ~(uintptr_t)63);
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (size_t i = 0; i < n; i++) {
+        sb_weight *w = list[i];
+        const size_t size = sb_type_row_size(w->type, w->n_in) * (size_t)w->n_out;
+        sb_weight_pack(w->type, w->data, dst, w->n_in, w->n_out);
+        /* The file's copy is not read again: its whole pages leave memory
+         * (only from a file mapping: this would zero anonymous memory). */
+        const uintptr_t lo = ((uintptr_t)w->data + page - 1) & ~(page - 1), hi = ((uintptr_t)w->data + size) & ~(page - 1);
+        if (m->gguf->mapped && hi > lo)
+            madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        w->data = dst;
+        w->packed = true;
+        dst += (size + 63) / 64 * 64;
+    }
+    sb_free(list);
+    return SB_OK;
+}
+
+/* ---- loading ------------------------------------------------------------------ */
 
 sb_status sb_model_load(const char *path, sb_model_t **out, sb_error *err) {
     *out = NULL;
@@ -23,6 +78,8 @@ sb_status sb_model_load(const char *path, sb_model_t **out, sb_error *err) {
     if (st == SB_OK && sb_vocab_n_tokens(m->vocab) != m->hp.n_vocab)
         st = sb_fail(err, SB_ERR_FORMAT, "the vocabulary has %d tokens but token_embd.weight has %d rows",
                      sb_vocab_n_tokens(m->vocab), m->hp.n_vocab);
+    if (st == SB_OK)
+        st = sb_model_pack(m, err);
     if (st != SB_OK) {
         /* Messages from the GGUF reader already carry the path. */
         if (err && m->gguf) {
@@ -42,6 +99,7 @@ void sb_model_free(sb_model_t *m) {
         return;
     sb_vocab_free(m->vocab);
     sb_free(m->layers);
+    sb_free(m->packed);
     sb_gguf_close(m->gguf);
     sb_free(m);
 }

@@ -68,13 +68,15 @@ typedef struct sb_hparams {
     int32_t n_swa;       /* sliding-window length for SWA layers; 0: none */
 } sb_hparams;
 
-/* A matrix, or a vector when n_out == 1, inside the mapping; data is NULL
- * for an optional tensor the file does not have. */
+/* A matrix, or a vector when n_out == 1, inside the mapping (or, packed,
+ * in the model's packed copy); data is NULL for an optional tensor the file
+ * does not have. */
 typedef struct sb_weight {
     sb_type type;
     int64_t n_in;  /* ne[0]: elements per row */
     int64_t n_out; /* ne[1]: rows */
     const void *data;
+    bool packed; /* data is in sb_weight_pack's layout (matrix products only) */
 } sb_weight;
 
 typedef struct sb_layer {
@@ -101,6 +103,7 @@ struct sb_model {
     sb_weight output;      /* (n_vocab, n_embd); tok_embd when the file ties them */
     sb_weight rope_freqs;  /* optional (n_rot/2) divisors of the rotation frequencies (Llama 3.1) */
     sb_layer *layers;      /* n_layer */
+    void *packed;          /* the packed copies of the matrices the kernels pack (one allocation) */
 };
 
 /* Architecture table (arch.c). */
@@ -119,6 +122,9 @@ typedef struct sb_tensor_spec {
 size_t sb_arch_layer_tensors(const sb_hparams *hp, int32_t il, sb_layer *l, sb_tensor_spec *out);
 /* Reads the architecture's hyper-parameters and binds its tensors. */
 sb_status sb_arch_load(sb_model *m, sb_error *err);
+/* Moves the matrices the active kernels multiply faster packed into
+ * m->packed (the mapping's pages of the originals are given back). */
+sb_status sb_model_pack(sb_model *m, sb_error *err);
 
 /* ---- paged KV storage ---------------------------------------------------- */
 

@@ -105,18 +105,22 @@ static float dot_blocks(const sb__qfmt *wf, const sb__qfmt *xf, int64_t n, const
  * also lets SIMD kernels put one row in each lane (one conversion and one
  * fma per block serve 16 rows), which makes batched products far cheaper
  * than the lane order above. */
+float sb__q4_0_block_fma(const uint8_t *w, const uint8_t *x, float acc) {
+    int8_t wq[SB_QK], xq[SB_QK];
+    float dw, dx, unused;
+    sb__block_unpack(&sb__qfmt_q4_0, w, wq, &dw, &unused);
+    sb__block_unpack(&sb__qfmt_q8_0, x, xq, &dx, &unused);
+    int sumi = 0;
+    for (int e = 0; e < SB_QK; e++)
+        sumi += wq[e] * xq[e];
+    return fmaf((float)sumi, dw * dx, acc);
+}
+
 float sb__vec_dot_q4_0_q8_0_ref(int64_t n, const void *w, const void *x) {
     const uint8_t *wb = w, *xb = x;
-    int8_t wq[SB_QK], xq[SB_QK];
-    float dw, dx, unused, acc = 0.0f;
-    for (int64_t b = 0; b < n / SB_QK; b++, wb += sb__qfmt_q4_0.size, xb += sb__qfmt_q8_0.size) {
-        sb__block_unpack(&sb__qfmt_q4_0, wb, wq, &dw, &unused);
-        sb__block_unpack(&sb__qfmt_q8_0, xb, xq, &dx, &unused);
-        int sumi = 0;
-        for (int e = 0; e < SB_QK; e++)
-            sumi += wq[e] * xq[e];
-        acc = fmaf((float)sumi, dw * dx, acc);
-    }
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / SB_QK; b++, wb += sb__qfmt_q4_0.size, xb += sb__qfmt_q8_0.size)
+        acc = sb__q4_0_block_fma(wb, xb, acc);
     return acc;
 }
 

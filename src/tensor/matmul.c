@@ -62,11 +62,24 @@ static void dot_rows(void *arg, int64_t chunk, int ith) {
  * work (about 8 per thread), few enough that claiming costs nothing and that
  * a chunk's start (its first rows cold, its activations prepared again) is
  * a small part of it: 8 per thread measured 6% faster than 16, alone and
- * batched (110M Q4_0, 2 threads). */
+ * batched (110M Q4_0, 2 threads). A multiple of 16, the largest tile and
+ * packing group. */
 static int64_t chunk_rows(int64_t n_out, int n_threads) {
     int64_t rows = n_out / (8 * (int64_t)n_threads);
-    rows = rows < 4 ? 4 : rows > 256 ? 256 : rows;
-    return (rows + 3) / 4 * 4;
+    rows = rows < 16 ? 16 : rows > 256 ? 256 : rows;
+    return (rows + 15) / 16 * 16;
+}
+
+bool sb_weight_packable(sb_type type, int64_t n_in, int64_t n_out) {
+    const sb_type_traits *t = sb_type_traits_of(type);
+    const sb_packing *p = &sb_kernels_active()->packing[type];
+    return t && t->vec_dot && p->rows > 0 && n_in > 0 && n_in % t->blck_size == 0 && n_out > 0 &&
+           n_out % p->rows == 0;
+}
+
+void sb_weight_pack(sb_type type, const void *src, void *dst, int64_t n_in, int64_t n_out) {
+    assert(sb_weight_packable(type, n_in, n_out));
+    sb_kernels_active()->packing[type].pack(src, dst, n_in, n_out);
 }
 
 void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t n_in, const float *x, int64_t n_tok,
@@ -92,9 +105,10 @@ void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t 
     int64_t n_chunks = 0;
     for (int i = 0; i < n; i++) {
         assert(sb_type_traits_of(dst[i].type)->vec_dot && n_in % sb_type_traits_of(dst[i].type)->blck_size == 0);
+        assert(!dst[i].packed || dst[i].n_out % k->packing[dst[i].type].rows == 0);
         matmul_part *p = &j.part[i];
         *p = (matmul_part){
-            .gemm = k->gemm[dst[i].type],
+            .gemm = dst[i].packed ? k->packing[dst[i].type].gemm : k->gemm[dst[i].type],
             .w = dst[i].w,
             .w_row = sb_type_row_size(dst[i].type, n_in),
             .n_out = dst[i].n_out,

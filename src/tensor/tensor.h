@@ -151,11 +151,24 @@ typedef void (*sb_axpy_fn)(int64_t n, float a, const float *x, float *y);
  * same bytes at every level. SwiGLU's gated activation. */
 typedef void (*sb_swiglu_fn)(int64_t n, float *gate, const float *up);
 
+/* A level's own layout for matrices of a type: groups of `rows`
+ * consecutive rows interleaved so that one vector load serves all of them.
+ * Matrices are converted once, when a model loads; the packed copy has the
+ * unpacked size (group g starts at g * rows * row size), and `gemm`, given
+ * packed rows from the start of a group (nr a multiple of `rows`, w_stride
+ * the unpacked row size), writes the bytes gemm[type] writes for them. */
+typedef struct sb_packing {
+    int32_t rows; /* 0: none for this type */
+    void (*pack)(const void *src, void *dst, int64_t n_in, int64_t n_out); /* n_out % rows == 0 */
+    sb_gemm_fn gemm;
+} sb_packing;
+
 typedef struct sb_kernels {
     sb_cpu_level level;
     sb_axpy_fn axpy;
     sb_swiglu_fn swiglu;
     sb_gemm_fn gemm[SB_TYPE_COUNT];                 /* by weight type; NULL where the type has no vec_dot */
+    sb_packing packing[SB_TYPE_COUNT];              /* by weight type */
     sb_from_float_fn act_from_float[SB_TYPE_COUNT]; /* by activation type (F32, F16, BF16, Q8_0, Q8_1):
                                                        the bytes of the type table's act_from_float */
 } sb_kernels;
@@ -184,6 +197,11 @@ void sb_matmul(sb_threadpool *tp, sb_type type, const void *w, int64_t n_in, int
                int64_t n_tok, float *y, void *work);
 size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok);
 
+/* Whether the active level packs [n_in, n_out] matrices of this type, and
+ * the packing (into dst, sb_type_row_size(type, n_in) * n_out bytes). */
+bool sb_weight_packable(sb_type type, int64_t n_in, int64_t n_out);
+void sb_weight_pack(sb_type type, const void *src, void *dst, int64_t n_in, int64_t n_out);
+
 /* Several products of the same input (a layer's query, key and value; its
  * gate and up): y_i = W_i x for each of the n (<= SB_MATMUL_MAX) matrices,
  * all with rows of n_in. When their types share an activation format the
@@ -194,6 +212,7 @@ size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok);
 typedef struct sb_matmul_dst {
     sb_type type;
     const void *w;
+    bool packed; /* w is sb_weight_pack's layout */
     int64_t n_out;
     float *y; /* (n_tok, n_out) */
 } sb_matmul_dst;

@@ -130,11 +130,16 @@ static void fill_rows(sb_type t, bool act, int64_t n, int64_t nrows, uint8_t *p,
 
 /* ---- gemm ------------------------------------------------------------- */
 
-static bool check_gemm(const sb_kernels *k, const sb_kernels *ref, sb_type type, int64_t n, int64_t nr, int64_t nt) {
+/* k's gemm for the type, or with `packed` its packed layout's (weights
+ * packed from contiguous rows), against the scalar gemm on the rows. */
+static bool check_gemm_as(const sb_kernels *k, const sb_kernels *ref, sb_type type, bool packed, int64_t n, int64_t nr,
+                          int64_t nt) {
     const sb_type xt = sb_type_traits_of(type)->vec_dot_type;
-    /* Odd strides: rows not aligned, and a gap between them. */
-    const size_t ws = row_size(type, n) + 3, xs = row_size(xt, n) + 5, ldy = (size_t)nr + 2;
+    /* Odd strides: rows not aligned, and a gap between them (packing takes
+     * contiguous rows). */
+    const size_t ws = row_size(type, n) + (packed ? 0 : 3), xs = row_size(xt, n) + 5, ldy = (size_t)nr + 2;
     uint8_t *w = malloc(ws * (size_t)nr + 1), *x = malloc(xs * (size_t)nt + 1);
+    uint8_t *wp = packed ? malloc(ws * (size_t)nr) : NULL;
     const size_t ny = ldy * (size_t)nt;
     float *y0 = malloc(ny * sizeof(float)), *y1 = malloc(ny * sizeof(float));
     fill_rows(type, false, n, nr, w + 1, ws);
@@ -142,22 +147,60 @@ static bool check_gemm(const sb_kernels *k, const sb_kernels *ref, sb_type type,
     memset(y0, 0x5a, ny * sizeof(float));
     memset(y1, 0x5a, ny * sizeof(float)); /* the gaps must stay untouched */
     ref->gemm[type](n, w + 1, ws, nr, x + 1, xs, nt, y0, ldy);
-    k->gemm[type](n, w + 1, ws, nr, x + 1, xs, nt, y1, ldy);
+    if (packed) {
+        k->packing[type].pack(w + 1, wp, n, nr);
+        k->packing[type].gemm(n, wp, ws, nr, x + 1, xs, nt, y1, ldy);
+    } else {
+        k->gemm[type](n, w + 1, ws, nr, x + 1, xs, nt, y1, ldy);
+    }
     bool same = memcmp(y0, y1, ny * sizeof(float)) == 0;
     if (!same) {
         for (size_t i = 0; i < ny; i++)
             if (memcmp(&y0[i], &y1[i], sizeof(float)) != 0) {
-                print_error("%s %s n=%lld nr=%lld nt=%lld: y[t=%zu][r=%zu] = %.9g, scalar %.9g\n",
-                            sb_cpu_level_name(k->level), sb_type_traits_of(type)->name, (long long)n, (long long)nr,
-                            (long long)nt, i / ldy, i % ldy, (double)y1[i], (double)y0[i]);
+                print_error("%s %s%s n=%lld nr=%lld nt=%lld: y[t=%zu][r=%zu] = %.9g, scalar %.9g\n",
+                            sb_cpu_level_name(k->level), sb_type_traits_of(type)->name, packed ? " packed" : "",
+                            (long long)n, (long long)nr, (long long)nt, i / ldy, i % ldy, (double)y1[i],
+                            (double)y0[i]);
                 break;
             }
     }
     free(w);
+    free(wp);
     free(x);
     free(y0);
     free(y1);
     return same;
+}
+
+static bool check_gemm(const sb_kernels *k, const sb_kernels *ref, sb_type type, int64_t n, int64_t nr, int64_t nt) {
+    return check_gemm_as(k, ref, type, false, n, nr, nt);
+}
+
+/* Packed layouts: every level's, for each token count of a batched pass and
+ * its remainders, several groups, odd and even blocks per row. */
+static void test_packed_gemm_matches_scalar(void **state) {
+    (void)state;
+    static const int64_t ns[] = {32, 96, 288, 1056};
+    const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
+    int failures = 0, checked = 0;
+    assert_int_equal(ref->packing[SB_TYPE_Q4_0].rows, 0); /* the scalar level packs nothing */
+    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
+        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
+        for (uint32_t type = 0; k && type < SB_TYPE_COUNT; type++) {
+            const sb_packing *p = &k->packing[type];
+            if (p->rows == 0)
+                continue;
+            assert_non_null(p->pack);
+            assert_non_null(p->gemm);
+            for (int64_t nt = 1; nt <= 18; nt++)
+                for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++, checked++)
+                    failures += !check_gemm_as(k, ref, (sb_type)type, true, ns[c], p->rows * (1 + nt % 3), nt);
+            failures += !check_gemm_as(k, ref, (sb_type)type, true, 2048, p->rows * 2, 40);
+        }
+    }
+    if (checked == 0)
+        print_message("no packed layout on this CPU\n");
+    assert_int_equal(failures, 0);
 }
 
 static void test_gemm_matches_scalar(void **state) {
@@ -458,6 +501,7 @@ int main(void) {
         cmocka_unit_test(test_act_matches_scalar),
         cmocka_unit_test(test_swiglu_matches_scalar),
         cmocka_unit_test(test_gemm_matches_scalar),
+        cmocka_unit_test(test_packed_gemm_matches_scalar),
         cmocka_unit_test(test_gemm_tile_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
