@@ -297,9 +297,10 @@ static void attend_group_head(void *arg, int64_t chunk, int ith) {
         softmax(sc, n);
         float *oh = f->att + (size_t)(i0 + i) * q_dim + (size_t)h * hd;
         memset(oh, 0, (size_t)hd * sizeof(float));
-        for (int32_t t = 0; t < n; t++) {
-            int32_t p = from + t;
-            kern->axpy(hd, sc[t], sb_kv_v(j->kv, j->il, blocks[p / bs], kvh, p % bs), oh);
+        for (int32_t t = 0; t < n;) { /* one run of positions per KV block */
+            int32_t p = from + t, slot = p % bs, run = SB_MIN(bs - slot, n - t);
+            kern->axpy(hd, run, sc + t, sb_kv_v(j->kv, j->il, blocks[p / bs], kvh, slot), (size_t)hd, oh);
+            t += run;
         }
     }
 }

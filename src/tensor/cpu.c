@@ -54,9 +54,10 @@ static const sb_gemm_fn gemm_ref_by_id[] = {
 };
 _Static_assert(sizeof(gemm_ref_by_id) / sizeof(gemm_ref_by_id[0]) == SB_TYPE_COUNT, "one wrapper per type id");
 
-static void axpy_ref(int64_t n, float a, const float *x, float *y) {
-    for (int64_t i = 0; i < n; i++)
-        y[i] += a * x[i];
+static void axpy_ref(int64_t n, int64_t nr, const float *a, const float *x, size_t x_stride, float *y) {
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t i = 0; i < n; i++)
+            y[i] += a[r] * x[(size_t)r * x_stride + (size_t)i];
 }
 
 static void fill_scalar(sb_kernels *k) {

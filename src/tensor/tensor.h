@@ -141,10 +141,11 @@ typedef enum sb_cpu_level {
 typedef void (*sb_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t nr, const void *x, size_t x_stride,
                            int64_t nt, float *y, size_t ldy);
 
-/* y[i] += a * x[i] for i < n, F32, multiply and add rounded separately
- * (never fused), so every level gives the scalar bytes. Attention's
- * weighted sum of values. */
-typedef void (*sb_axpy_fn)(int64_t n, float a, const float *x, float *y);
+/* y[i] += a[r] * x[r*x_stride + i] for r = 0, 1, ... nr-1 in turn, i < n,
+ * F32, each multiply and add rounded separately (never fused), so every
+ * level gives the scalar bytes. Attention's weighted sum of values, one
+ * call per run of cached positions. */
+typedef void (*sb_axpy_fn)(int64_t n, int64_t nr, const float *a, const float *x, size_t x_stride, float *y);
 
 /* gate[i] = silu(gate[i]) * up[i] for i < n, F32, silu(x) = x / (1 + e^-x)
  * with e^-x as llama.cpp's AVX-512 backend computes it (ggml_v_expf), the

@@ -374,6 +374,42 @@ static void test_act_matches_scalar(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* The weighted sum of rows: every level gives the scalar bytes, for row
+ * lengths around the vector widths and the 4-vector stride, runs of 1 to
+ * 40 rows with a gap between them, and values whose products round. */
+static void test_axpy_matches_scalar(void **state) {
+    (void)state;
+    static const int64_t ns[] = {1, 7, 8, 16, 31, 64, 65, 80, 128, 200};
+    enum { MAXN = 200, MAXR = 40, GAP = 3 };
+    float *x = malloc(sizeof(float) * MAXR * (MAXN + GAP)), a[MAXR], y0[MAXN], y1[MAXN], start[MAXN];
+    for (int i = 0; i < MAXR * (MAXN + GAP); i++)
+        x[i] = rng_unit() * ldexpf(1.0f, (int)rng_below(20) - 10);
+    for (int r = 0; r < MAXR; r++)
+        a[r] = rng_unit();
+    for (int i = 0; i < MAXN; i++)
+        start[i] = rng_unit() * 4.0f;
+    const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
+    int failures = 0;
+    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
+        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
+        for (size_t c = 0; k && c < sizeof(ns) / sizeof(ns[0]); c++)
+            for (int64_t nr = 1; nr <= MAXR; nr += nr < 4 ? 1 : 9) {
+                const int64_t n = ns[c];
+                memcpy(y0, start, sizeof(y0));
+                memcpy(y1, start, sizeof(y1));
+                ref->axpy(n, nr, a, x, (size_t)(n + GAP), y0);
+                k->axpy(n, nr, a, x, (size_t)(n + GAP), y1);
+                if (memcmp(y0, y1, sizeof(y0)) != 0) {
+                    print_error("%s axpy n=%lld rows=%lld differs from scalar\n", sb_cpu_level_name(k->level),
+                                (long long)n, (long long)nr);
+                    failures++;
+                }
+            }
+    }
+    free(x);
+    assert_int_equal(failures, 0);
+}
+
 /* SwiGLU: every level gives the scalar bytes (NaN for NaN), over the whole
  * float range, the saturation points of the exp and odd lengths; and the
  * scalar one is SiLU within the approximation's few ulps. */
@@ -500,6 +536,7 @@ int main(void) {
         cmocka_unit_test(test_scalar_gemm_is_vec_dot),
         cmocka_unit_test(test_act_matches_scalar),
         cmocka_unit_test(test_swiglu_matches_scalar),
+        cmocka_unit_test(test_axpy_matches_scalar),
         cmocka_unit_test(test_gemm_matches_scalar),
         cmocka_unit_test(test_packed_gemm_matches_scalar),
         cmocka_unit_test(test_gemm_tile_shapes),

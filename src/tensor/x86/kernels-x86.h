@@ -1172,16 +1172,44 @@ static void act_bf16(const float *src, void *dst, int64_t n) {
 
 /* ---- axpy ---- */
 
-/* 8 lanes at a time; mul and add stay separate instructions (the pragma in
- * tensor-impl.h keeps the tail loop unfused too). */
-static void axpy_f32(int64_t n, float a, const float *x, float *y) {
-    const __m256 va = _mm256_set1_ps(a);
+/* Columns of y 4 vectors at a time, held in registers while the rows pass
+ * over them; mul and add stay separate instructions (the pragma in
+ * tensor-impl.h keeps the tail loop unfused too). Each element sees the
+ * rows in order, as in the reference. */
+#if SBX_AVX512
+#define AX_LOAD _mm512_loadu_ps
+#define AX_STORE _mm512_storeu_ps
+#define AX_FMA_SEP(acc, a, x) _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(a), x))
+#else
+#define AX_LOAD _mm256_loadu_ps
+#define AX_STORE _mm256_storeu_ps
+#define AX_FMA_SEP(acc, a, x) _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(a), x))
+#endif
+static void axpy_f32(int64_t n, int64_t nr, const float *a, const float *x, size_t xs, float *y) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(va, _mm256_loadu_ps(x + i))));
+    for (; i + 4 * VW <= n; i += 4 * VW) {
+        vf acc[4];
+        SBX_UNROLL for (int k = 0; k < 4; k++)
+            acc[k] = AX_LOAD(y + i + k * VW);
+        for (int64_t r = 0; r < nr; r++)
+            SBX_UNROLL for (int k = 0; k < 4; k++)
+                acc[k] = AX_FMA_SEP(acc[k], a[r], AX_LOAD(x + (size_t)r * xs + (size_t)(i + k * VW)));
+        SBX_UNROLL for (int k = 0; k < 4; k++)
+            AX_STORE(y + i + k * VW, acc[k]);
+    }
+    for (; i + VW <= n; i += VW) {
+        vf acc = AX_LOAD(y + i);
+        for (int64_t r = 0; r < nr; r++)
+            acc = AX_FMA_SEP(acc, a[r], AX_LOAD(x + (size_t)r * xs + (size_t)i));
+        AX_STORE(y + i, acc);
+    }
     for (; i < n; i++)
-        y[i] += a * x[i];
+        for (int64_t r = 0; r < nr; r++)
+            y[i] += a[r] * x[(size_t)r * xs + (size_t)i];
 }
+#undef AX_LOAD
+#undef AX_STORE
+#undef AX_FMA_SEP
 
 /* ---- swiglu ---- */
 
