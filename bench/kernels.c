@@ -19,6 +19,9 @@
  * matmul's chunks (default: all rows in one call); SB_BENCH_COLD=1 gives
  * each prompt call a different copy of the weights, so that they come from
  * DRAM as in a model's forward pass.
+ *
+ * A level that packs the type (sb_kernels.packing, done once when a model
+ * loads) gets a second line, "<level>+p", measured on packed copies.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -72,7 +75,7 @@ int main(int argc, char **argv) {
     /* SB_BENCH_PROMPT=1: the prompt figure only (no decode runs, no cold copies). */
     const bool prompt_only = getenv("SB_BENCH_PROMPT") && atoi(getenv("SB_BENCH_PROMPT")) == 1;
     /* SB_BENCH_CHUNK=rows: prompt calls of that many rows each, as matmul's chunks (default: all rows at once). */
-    const int64_t chunk = getenv("SB_BENCH_CHUNK") && atoll(getenv("SB_BENCH_CHUNK")) > 0 ? atoll(getenv("SB_BENCH_CHUNK")) : nr;
+    const int64_t chunk_rows = getenv("SB_BENCH_CHUNK") && atoll(getenv("SB_BENCH_CHUNK")) > 0 ? atoll(getenv("SB_BENCH_CHUNK")) : nr;
     /* SB_BENCH_COLD=1: each prompt call on a different copy of the weights (from DRAM, as in a model). */
     const bool prompt_cold = getenv("SB_BENCH_COLD") && atoi(getenv("SB_BENCH_COLD")) == 1;
     const size_t cold_bytes = prompt_only && !prompt_cold ? 0 : (size_t)1 << 30;
@@ -87,28 +90,41 @@ int main(int argc, char **argv) {
         const size_t ws = sb_type_row_size(type, n), xs = sb_type_row_size(t->vec_dot_type, n);
         const size_t mat = ws * (size_t)nr;
         const size_t copies = cold_bytes / mat > 1 ? cold_bytes / mat : 2;
-        uint8_t *w = malloc(mat * copies), *x = malloc(xs * (size_t)nt);
+        uint8_t *wf = malloc(mat * copies), *x = malloc(xs * (size_t)nt);
         float *src = malloc((size_t)n * sizeof(float));
         float *y = malloc(sizeof(float) * (size_t)nr * (size_t)nt), *y_ref = malloc(sizeof(float) * (size_t)nr);
-        if (!w || !x || !src || !y || !y_ref) {
+        if (!wf || !x || !src || !y || !y_ref) {
             fprintf(stderr, "out of memory\n");
             return 1;
         }
-        make_weights(type, n, nr, w);
+        make_weights(type, n, nr, wf);
         for (size_t c = 1; c < copies; c++) /* copies, so the page cache can't share them */
-            memcpy(w + c * mat, w, mat);
+            memcpy(wf + c * mat, wf, mat);
         for (int64_t tk = 0; tk < nt; tk++) {
             for (int64_t i = 0; i < n; i++)
                 src[i] = rnd_float();
             xt->act_from_float(src, x + (size_t)tk * xs, n);
         }
-        sb_kernels_for(SB_CPU_SCALAR)->gemm[type](n, w, ws, nr, x, xs, 1, y_ref, (size_t)nr);
+        sb_kernels_for(SB_CPU_SCALAR)->gemm[type](n, wf, ws, nr, x, xs, 1, y_ref, (size_t)nr);
 
-        for (int lv = 0; lv < SB_CPU_LEVEL_COUNT; lv++) {
+        for (int variant = 0; variant < 2 * SB_CPU_LEVEL_COUNT; variant++) {
+            const int lv = variant / 2;
+            const bool packed = variant % 2;
             const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
-            if (!k)
+            if (!k || (packed && (k->packing[type].rows == 0 || nr % k->packing[type].rows != 0)))
                 continue;
-            const sb_gemm_fn g = k->gemm[type];
+            const sb_gemm_fn g = packed ? k->packing[type].gemm : k->gemm[type];
+            uint8_t *w = packed ? malloc(mat * copies) : wf;
+            if (!w) {
+                fprintf(stderr, "out of memory\n");
+                return 1;
+            }
+            for (size_t c = 0; packed && c < copies; c++)
+                k->packing[type].pack(wf + c * mat, w + c * mat, n, nr);
+            /* Packed calls start at a group. */
+            const int64_t chunk = packed ? (chunk_rows + k->packing[type].rows - 1) / k->packing[type].rows *
+                                               k->packing[type].rows
+                                         : chunk_rows;
             g(n, w, ws, nr, x, xs, 1, y, (size_t)nr);
             if (memcmp(y, y_ref, sizeof(float) * (size_t)nr) != 0)
                 printf("  (%s %s differs from scalar!)\n", sb_cpu_level_name(k->level), t->name);
@@ -148,11 +164,14 @@ int main(int argc, char **argv) {
                 } while ((el = now() - t0) < 0.2);
                 gflops = fmax(gflops, 2.0 * (double)n * (double)pr * (double)nt * reps / el * 1e-9);
             }
-            printf("%-7s %-6s %8.1f GB/s %8.1f GB/s %8.1f GFLOP/s\n", sb_cpu_level_name(k->level), t->name, hot,
-                   cold, gflops);
+            char name[16];
+            snprintf(name, sizeof(name), "%s%s", sb_cpu_level_name(k->level), packed ? "+p" : "");
+            printf("%-7s %-6s %8.1f GB/s %8.1f GB/s %8.1f GFLOP/s\n", name, t->name, hot, cold, gflops);
             fflush(stdout);
+            if (packed)
+                free(w);
         }
-        free(w);
+        free(wf);
         free(x);
         free(src);
         free(y);
