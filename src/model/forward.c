@@ -25,6 +25,7 @@
  * through F16 as ggml's lookup table does.
  */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "base/base.h"
@@ -170,11 +171,11 @@ static void place_qkv(void *arg, int64_t i, int ith) {
     rope(ki, hp->n_head_kv, hd, hp->n_rot, cs, a->rope);
     int32_t pos = j->batch[i].pos, bs = j->kv->block_size;
     int32_t block = j->batch[i].blocks[pos / bs], slot = pos % bs;
-    for (int32_t h = 0; h < hp->n_head_kv; h++) {
-        memcpy(sb_kv_k(j->kv, j->il, block, h, slot), ki + (size_t)h * hd, (size_t)hd * sizeof(float));
-        memcpy(sb_kv_v(j->kv, j->il, block, h, slot), f->v + (size_t)i * kv_dim + (size_t)h * hd,
-               (size_t)hd * sizeof(float));
-    }
+    const sb_kernels *kern = sb_kernels_active();
+    const size_t head_stride = (size_t)bs * (size_t)hd; /* a block's heads follow each other */
+    kern->store_rows(hd, hp->n_head_kv, ki, sb_kv_k(j->kv, j->il, block, 0, slot), head_stride);
+    kern->store_rows(hd, hp->n_head_kv, f->v + (size_t)i * kv_dim, sb_kv_v(j->kv, j->il, block, 0, slot),
+                     head_stride);
 }
 
 /* Elements per chunk of the gated activation. */
@@ -477,9 +478,12 @@ sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t blo
     *kv = (sb_kv){.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
                   .block_size = block_size, .n_blocks = n_blocks};
     size_t n = (size_t)hp->n_layer * (size_t)n_blocks * (size_t)block_size * (size_t)hp->n_head_kv * hp->head_dim;
-    kv->k = sb_calloc(n, sizeof(float));
-    kv->v = sb_calloc(n, sizeof(float));
-    if (!kv->k || !kv->v) {
+    /* 64-byte aligned, so that whole rows can be streamed in (store_rows). */
+    kv->k_mem = sb_calloc(n + 16, sizeof(float));
+    kv->v_mem = sb_calloc(n + 16, sizeof(float));
+    kv->k = (float *)(((uintptr_t)kv->k_mem + 63) & ~(uintptr_t)63);
+    kv->v = (float *)(((uintptr_t)kv->v_mem + 63) & ~(uintptr_t)63);
+    if (!kv->k_mem || !kv->v_mem) {
         sb_kv_free(kv);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for a KV cache of %d x %d positions (%zu MiB)", n_blocks,
                        block_size, 2 * n * sizeof(float) >> 20);
@@ -488,7 +492,7 @@ sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t blo
 }
 
 void sb_kv_free(sb_kv *kv) {
-    sb_free(kv->k);
-    sb_free(kv->v);
+    sb_free(kv->k_mem);
+    sb_free(kv->v_mem);
     *kv = (sb_kv){0};
 }

@@ -137,8 +137,9 @@ sb_status sb_model_pack(sb_model *m, sb_error *err);
  * time) reads each block's keys and values as one stream. */
 typedef struct sb_kv {
     int32_t n_layer, n_head_kv, head_dim, block_size, n_blocks;
-    float *k; /* (n_layer, n_blocks, n_head_kv, block_size, head_dim) */
+    float *k; /* (n_layer, n_blocks, n_head_kv, block_size, head_dim), 64-byte aligned */
     float *v; /* same */
+    void *k_mem, *v_mem; /* the allocations k and v lie in */
 } sb_kv;
 
 sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t block_size, sb_error *err);

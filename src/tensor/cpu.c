@@ -60,10 +60,16 @@ static void axpy_ref(int64_t n, int64_t nr, const float *a, const float *x, size
             y[i] += a[r] * x[(size_t)r * x_stride + (size_t)i];
 }
 
+static void store_rows_ref(int64_t n, int64_t nr, const float *src, float *dst, size_t dst_stride) {
+    for (int64_t r = 0; r < nr; r++)
+        memcpy(dst + (size_t)r * dst_stride, src + (size_t)r * (size_t)n, (size_t)n * sizeof(float));
+}
+
 static void fill_scalar(sb_kernels *k) {
     memset(k, 0, sizeof(*k));
     k->level = SB_CPU_SCALAR;
     k->axpy = axpy_ref;
+    k->store_rows = store_rows_ref;
     k->swiglu = sb__swiglu_ref;
     for (uint32_t id = 0; id < SB_TYPE_COUNT; id++) {
         const sb_type_traits *t = sb_type_traits_of(id);

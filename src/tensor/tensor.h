@@ -147,6 +147,13 @@ typedef void (*sb_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t nr
  * call per run of cached positions. */
 typedef void (*sb_axpy_fn)(int64_t n, int64_t nr, const float *a, const float *x, size_t x_stride, float *y);
 
+/* dst row r = src row r, for nr rows of n floats (src contiguous, dst rows
+ * dst_stride floats apart), written around the caches where the level can
+ * (streaming stores, for rows 64-byte aligned), and visible to every thread
+ * once the call returns. New keys and values going into the KV cache: a
+ * normal store first reads each cold line it fills. */
+typedef void (*sb_store_rows_fn)(int64_t n, int64_t nr, const float *src, float *dst, size_t dst_stride);
+
 /* gate[i] = silu(gate[i]) * up[i] for i < n, F32, silu(x) = x / (1 + e^-x)
  * with e^-x as llama.cpp's AVX-512 backend computes it (ggml_v_expf), the
  * same bytes at every level. SwiGLU's gated activation. */
@@ -167,6 +174,7 @@ typedef struct sb_packing {
 typedef struct sb_kernels {
     sb_cpu_level level;
     sb_axpy_fn axpy;
+    sb_store_rows_fn store_rows;
     sb_swiglu_fn swiglu;
     sb_gemm_fn gemm[SB_TYPE_COUNT];                 /* by weight type; NULL where the type has no vec_dot */
     sb_packing packing[SB_TYPE_COUNT];              /* by weight type */

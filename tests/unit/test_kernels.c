@@ -410,6 +410,37 @@ static void test_axpy_matches_scalar(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* Rows copied into a strided destination: the same bytes at every level,
+ * with aligned rows (streamed) and unaligned ones, and nothing between the
+ * rows written. */
+static void test_store_rows_matches_scalar(void **state) {
+    (void)state;
+    enum { MAXN = 128, NR = 5, STRIDE = 3 * MAXN };
+    float *src = malloc(sizeof(float) * MAXN * NR);
+    float *mem0 = aligned_alloc(64, sizeof(float) * (STRIDE * NR + 16));
+    float *mem1 = aligned_alloc(64, sizeof(float) * (STRIDE * NR + 16));
+    for (int i = 0; i < MAXN * NR; i++)
+        src[i] = rng_unit();
+    const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
+    static const int64_t ns[] = {1, 8, 16, 64, 80, 128};
+    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
+        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
+        for (size_t c = 0; k && c < sizeof(ns) / sizeof(ns[0]); c++)
+            for (int misalign = 0; misalign <= 1; misalign++) {
+                const size_t stride = misalign ? STRIDE + 1 : STRIDE;
+                memset(mem0, 0x5a, sizeof(float) * (STRIDE * NR + 16));
+                memset(mem1, 0x5a, sizeof(float) * (STRIDE * NR + 16));
+                ref->store_rows(ns[c], NR, src, mem0 + misalign, stride);
+                k->store_rows(ns[c], NR, src, mem1 + misalign, stride);
+                assert_memory_equal(mem0, mem1, sizeof(float) * (STRIDE * NR + 16));
+                assert_memory_equal(mem1 + misalign + stride, src + ns[c], sizeof(float) * (size_t)ns[c]);
+            }
+    }
+    free(src);
+    free(mem0);
+    free(mem1);
+}
+
 /* SwiGLU: every level gives the scalar bytes (NaN for NaN), over the whole
  * float range, the saturation points of the exp and odd lengths; and the
  * scalar one is SiLU within the approximation's few ulps. */
@@ -537,6 +568,7 @@ int main(void) {
         cmocka_unit_test(test_act_matches_scalar),
         cmocka_unit_test(test_swiglu_matches_scalar),
         cmocka_unit_test(test_axpy_matches_scalar),
+        cmocka_unit_test(test_store_rows_matches_scalar),
         cmocka_unit_test(test_gemm_matches_scalar),
         cmocka_unit_test(test_packed_gemm_matches_scalar),
         cmocka_unit_test(test_gemm_tile_shapes),

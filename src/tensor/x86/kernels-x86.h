@@ -1211,6 +1211,28 @@ static void axpy_f32(int64_t n, int64_t nr, const float *a, const float *x, size
 #undef AX_STORE
 #undef AX_FMA_SEP
 
+/* ---- store_rows ---- */
+
+/* Whole vectors of 64-byte aligned rows go out as streaming stores (no
+ * read of the line first); the fence orders them before the call returns
+ * (the pool's hand-over to the next loop then publishes them). */
+static void store_rows_f32(int64_t n, int64_t nr, const float *src, float *dst, size_t dst_stride) {
+    const bool stream = n % VW == 0 && ((uintptr_t)dst | dst_stride * sizeof(float)) % 64 == 0;
+    for (int64_t r = 0; r < nr; r++, src += n, dst += dst_stride) {
+        if (!stream) {
+            memcpy(dst, src, (size_t)n * sizeof(float));
+            continue;
+        }
+        for (int64_t i = 0; i < n; i += VW)
+#if SBX_AVX512
+            _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+#else
+            _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+#endif
+    }
+    _mm_sfence();
+}
+
 /* ---- swiglu ---- */
 
 /* act.c's SiLU, VW lanes at a time: ggml_v_expf(-x) and x / (1 + e).
@@ -1272,6 +1294,7 @@ static void swiglu_f32(int64_t n, float *gate, const float *up) {
 
 void SBX_FILL(sb_kernels *k) {
     k->axpy = axpy_f32;
+    k->store_rows = store_rows_f32;
     k->swiglu = swiglu_f32;
     k->gemm[SB_TYPE_F32] = gemm_f32;
     k->gemm[SB_TYPE_F16] = gemm_f16;
