@@ -144,6 +144,14 @@ SBX_ALWAYS vf vf_load(fmt f, const uint8_t *p) {
 }
 #define vf_zero _mm512_setzero_ps
 #define vf_fma _mm512_fmadd_ps
+#define vf_fnma _mm512_fnmadd_ps
+#define vf_add _mm512_add_ps
+#define vf_sub _mm512_sub_ps
+#define vf_mul _mm512_mul_ps
+#define vf_div _mm512_div_ps
+#define vf_set1 _mm512_set1_ps
+#define vf_loadu _mm512_loadu_ps
+#define vf_storeu _mm512_storeu_ps
 #define vf_store _mm512_store_ps
 #define vf_loada _mm512_load_ps
 #else
@@ -157,6 +165,14 @@ SBX_ALWAYS vf vf_load(fmt f, const uint8_t *p) {
 }
 #define vf_zero _mm256_setzero_ps
 #define vf_fma _mm256_fmadd_ps
+#define vf_fnma _mm256_fnmadd_ps
+#define vf_add _mm256_add_ps
+#define vf_sub _mm256_sub_ps
+#define vf_mul _mm256_mul_ps
+#define vf_div _mm256_div_ps
+#define vf_set1 _mm256_set1_ps
+#define vf_loadu _mm256_loadu_ps
+#define vf_storeu _mm256_storeu_ps
 #define vf_store _mm256_store_ps
 #define vf_loada _mm256_load_ps
 #endif
@@ -712,10 +728,30 @@ SBX_ALWAYS bool fg_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
 typedef __m512i vi;
 #define QB_R 16
 #define QB_T 8
+#define vi_set1_32 _mm512_set1_epi32
+#define vi_set1_8 _mm512_set1_epi8
+#define vi_loadu(p) _mm512_loadu_si512(p)
+#define vi_and _mm512_and_si512
+#define vi_srli16 _mm512_srli_epi16
+#define vi_unpacklo32 _mm512_unpacklo_epi32
+#define vi_unpackhi32 _mm512_unpackhi_epi32
+#define vi_unpacklo64 _mm512_unpacklo_epi64
+#define vi_unpackhi64 _mm512_unpackhi_epi64
+#define vi_as_vf _mm512_castsi512_ps
 #else
 typedef __m256i vi;
 #define QB_R 8
 #define QB_T 4
+#define vi_set1_32 _mm256_set1_epi32
+#define vi_set1_8 _mm256_set1_epi8
+#define vi_loadu(p) _mm256_loadu_si256((const __m256i *)(p))
+#define vi_and _mm256_and_si256
+#define vi_srli16 _mm256_srli_epi16
+#define vi_unpacklo32 _mm256_unpacklo_epi32
+#define vi_unpackhi32 _mm256_unpackhi_epi32
+#define vi_unpacklo64 _mm256_unpacklo_epi64
+#define vi_unpackhi64 _mm256_unpackhi_epi64
+#define vi_as_vf _mm256_castsi256_ps
 #endif
 #define QB_XB 8                /* per token and block: int32 starting value, float d_x */
 #define QB_XGROUP (256 * 1024) /* bytes of prepared terms per token group */
@@ -762,21 +798,12 @@ SBX_ALWAYS void qb_transpose(const uint8_t *const *rp, size_t off, vi v[4]) {
 #endif
 #undef QB_ROW
     }
-#if SBX_AVX512
-    const vi u0 = _mm512_unpacklo_epi32(a[0], a[1]), u1 = _mm512_unpackhi_epi32(a[0], a[1]);
-    const vi u2 = _mm512_unpacklo_epi32(a[2], a[3]), u3 = _mm512_unpackhi_epi32(a[2], a[3]);
-    v[0] = _mm512_unpacklo_epi64(u0, u2);
-    v[1] = _mm512_unpackhi_epi64(u0, u2);
-    v[2] = _mm512_unpacklo_epi64(u1, u3);
-    v[3] = _mm512_unpackhi_epi64(u1, u3);
-#else
-    const vi u0 = _mm256_unpacklo_epi32(a[0], a[1]), u1 = _mm256_unpackhi_epi32(a[0], a[1]);
-    const vi u2 = _mm256_unpacklo_epi32(a[2], a[3]), u3 = _mm256_unpackhi_epi32(a[2], a[3]);
-    v[0] = _mm256_unpacklo_epi64(u0, u2);
-    v[1] = _mm256_unpackhi_epi64(u0, u2);
-    v[2] = _mm256_unpacklo_epi64(u1, u3);
-    v[3] = _mm256_unpackhi_epi64(u1, u3);
-#endif
+    const vi u0 = vi_unpacklo32(a[0], a[1]), u1 = vi_unpackhi32(a[0], a[1]);
+    const vi u2 = vi_unpacklo32(a[2], a[3]), u3 = vi_unpackhi32(a[2], a[3]);
+    v[0] = vi_unpacklo64(u0, u2);
+    v[1] = vi_unpackhi64(u0, u2);
+    v[2] = vi_unpacklo64(u1, u3);
+    v[3] = vi_unpackhi64(u1, u3);
 }
 
 /* The QB_R rows' d_w of the block at p (row r at p + off[r]): one gather of
@@ -796,7 +823,7 @@ SBX_ALWAYS vf qb_scales(const uint8_t *p, vi off) {
 /* acc + the sums of 4 products (w unsigned, x signed) per int32 lane. */
 SBX_ALWAYS vi qb_dot4(vi acc, vi w, int32_t x4) {
 #if SBX_AVX512
-    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4));
+    return _mm512_dpbusd_epi32(acc, w, vi_set1_32(x4));
 #else
     /* maddubs pairs stay below 2 * 15 * 128: no saturation. */
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(x4)),
@@ -828,13 +855,8 @@ SBX_ALWAYS void qb_tile(bool packed, int T, int64_t nb, const uint8_t *w, size_t
 #else
     (void)packed;
 #endif
-#if SBX_AVX512
-    const vi rowoff = _mm512_loadu_si512(off), m4 = _mm512_set1_epi8(0x0f);
-    const vf magic = _mm512_castsi512_ps(_mm512_set1_epi32(QS_MAGIC));
-#else
-    const vi rowoff = _mm256_loadu_si256((const __m256i *)off), m4 = _mm256_set1_epi8(0x0f);
-    const vf magic = _mm256_castsi256_ps(_mm256_set1_epi32(QS_MAGIC));
-#endif
+    const vi rowoff = vi_loadu(off), m4 = vi_set1_8(0x0f);
+    const vf magic = vi_as_vf(vi_set1_32(QS_MAGIC));
     vf acc[QB_T];
     SBX_UNROLL for (int t = 0; t < T; t++)
         acc[t] = vf_zero();
@@ -850,7 +872,7 @@ SBX_ALWAYS void qb_tile(bool packed, int T, int64_t nb, const uint8_t *w, size_t
                     prefetch_ahead(pfd + (size_t)b * QB_PACKED_D, 64);
             }
             SBX_UNROLL for (int j = 0; j < 4; j++)
-                v[j] = _mm512_loadu_si512(w + (size_t)b * QB_PACKED_Q + 64 * j);
+                v[j] = vi_loadu(w + (size_t)b * QB_PACKED_Q + 64 * j);
             dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pd + (size_t)b * QB_PACKED_D)));
         } else
 #endif
@@ -861,32 +883,18 @@ SBX_ALWAYS void qb_tile(bool packed, int T, int64_t nb, const uint8_t *w, size_t
             dw = qb_scales(w + o, rowoff);
         }
         SBX_UNROLL for (int k = 0; k < 4; k++) {
-#if SBX_AVX512
-            wq[k] = _mm512_and_si512(v[k], m4);
-            wq[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v[k], 4), m4);
-#else
-            wq[k] = _mm256_and_si256(v[k], m4);
-            wq[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v[k], 4), m4);
-#endif
+            wq[k] = vi_and(v[k], m4);
+            wq[4 + k] = vi_and(vi_srli16(v[k], 4), m4);
         }
         SBX_UNROLL for (int t = 0; t < T; t++) {
             const uint8_t *xq = x + t * xs + (size_t)b * sizeof(sb_block_q8_0) + 2;
             const uint8_t *c = xc + t * xcs + (size_t)b * QB_XB;
             float dx;
             memcpy(&dx, c + 4, sizeof(dx));
-#if SBX_AVX512
-            vi s = _mm512_set1_epi32(load_i32(c));
+            vi s = vi_set1_32(load_i32(c));
             SBX_UNROLL for (int k = 0; k < 8; k++)
                 s = qb_dot4(s, wq[k], load_i32(xq + 4 * k));
-            const vf sum = _mm512_sub_ps(_mm512_castsi512_ps(s), magic);
-            acc[t] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[t]);
-#else
-            vi s = _mm256_set1_epi32(load_i32(c));
-            SBX_UNROLL for (int k = 0; k < 8; k++)
-                s = qb_dot4(s, wq[k], load_i32(xq + 4 * k));
-            const vf sum = _mm256_sub_ps(_mm256_castsi256_ps(s), magic);
-            acc[t] = _mm256_fmadd_ps(sum, _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc[t]);
-#endif
+            acc[t] = vf_fma(vf_sub(vi_as_vf(s), magic), vf_mul(dw, vf_set1(dx)), acc[t]);
         }
     }
     SBX_UNROLL for (int t = 0; t < T; t++) {
@@ -1176,39 +1184,29 @@ static void act_bf16(const float *src, void *dst, int64_t n) {
  * over them; mul and add stay separate instructions (the pragma in
  * tensor-impl.h keeps the tail loop unfused too). Each element sees the
  * rows in order, as in the reference. */
-#if SBX_AVX512
-#define AX_LOAD _mm512_loadu_ps
-#define AX_STORE _mm512_storeu_ps
-#define AX_FMA_SEP(acc, a, x) _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(a), x))
-#else
-#define AX_LOAD _mm256_loadu_ps
-#define AX_STORE _mm256_storeu_ps
-#define AX_FMA_SEP(acc, a, x) _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(a), x))
-#endif
+#define AX_FMA_SEP(acc, a, x) vf_add(acc, vf_mul(vf_set1(a), x))
 static void axpy_f32(int64_t n, int64_t nr, const float *a, const float *x, size_t xs, float *y) {
     int64_t i = 0;
     for (; i + 4 * VW <= n; i += 4 * VW) {
         vf acc[4];
         SBX_UNROLL for (int k = 0; k < 4; k++)
-            acc[k] = AX_LOAD(y + i + k * VW);
+            acc[k] = vf_loadu(y + i + k * VW);
         for (int64_t r = 0; r < nr; r++)
             SBX_UNROLL for (int k = 0; k < 4; k++)
-                acc[k] = AX_FMA_SEP(acc[k], a[r], AX_LOAD(x + (size_t)r * xs + (size_t)(i + k * VW)));
+                acc[k] = AX_FMA_SEP(acc[k], a[r], vf_loadu(x + (size_t)r * xs + (size_t)(i + k * VW)));
         SBX_UNROLL for (int k = 0; k < 4; k++)
-            AX_STORE(y + i + k * VW, acc[k]);
+            vf_storeu(y + i + k * VW, acc[k]);
     }
     for (; i + VW <= n; i += VW) {
-        vf acc = AX_LOAD(y + i);
+        vf acc = vf_loadu(y + i);
         for (int64_t r = 0; r < nr; r++)
-            acc = AX_FMA_SEP(acc, a[r], AX_LOAD(x + (size_t)r * xs + (size_t)i));
-        AX_STORE(y + i, acc);
+            acc = AX_FMA_SEP(acc, a[r], vf_loadu(x + (size_t)r * xs + (size_t)i));
+        vf_storeu(y + i, acc);
     }
     for (; i < n; i++)
         for (int64_t r = 0; r < nr; r++)
             y[i] += a[r] * x[(size_t)r * xs + (size_t)i];
 }
-#undef AX_LOAD
-#undef AX_STORE
 #undef AX_FMA_SEP
 
 /* ---- store_rows ---- */
@@ -1235,60 +1233,42 @@ static void store_rows_f32(int64_t n, int64_t nr, const float *src, float *dst, 
 
 /* ---- swiglu ---- */
 
-/* act.c's SiLU, VW lanes at a time: ggml_v_expf(-x) and x / (1 + e).
- * AVX-512 scales by 2^n with vscalefps, as ggml; AVX2 multiplies by
+/* j * 2^n for act.c's exp (n integer-valued), saturated to 0 / infinity for
+ * |n| > 192. AVX-512 scales with vscalefps, as ggml; AVX2 multiplies by
  * 2^(n>>1) (exact) and then by 2^(n - (n>>1)) (one rounding), which gives
- * the same result for every |n| <= 192 (larger n saturate). */
-SBX_ALWAYS vf silu_v(vf x) {
+ * the same result for every |n| <= 192. */
+SBX_ALWAYS vf exp_scale(vf j, vf n) {
 #if SBX_AVX512
-#define V(c) _mm512_set1_ps(c)
-    const __m512 xn = _mm512_sub_ps(_mm512_setzero_ps(), x);
-    const __m512 z = _mm512_fmadd_ps(xn, V(0x1.715476p+0f), V(0x1.8p23f));
-    const __m512 n = _mm512_sub_ps(z, V(0x1.8p23f));
-    const __m512 b = _mm512_fnmadd_ps(n, V(0x1.7f7d1cp-20f), _mm512_fnmadd_ps(n, V(0x1.62e4p-1f), xn));
-    const __m512 u = _mm512_mul_ps(b, b);
-    const __m512 j = _mm512_fmadd_ps(
-        _mm512_fmadd_ps(_mm512_fmadd_ps(V(0x1.0e4020p-7f), b, V(0x1.573e2ep-5f)), u,
-                        _mm512_fmadd_ps(V(0x1.555e66p-3f), b, V(0x1.fffdb6p-2f))),
-        u, _mm512_fmadd_ps(V(0x1.ffffecp-1f), b, V(1.0f)));
-    const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(n), V(192.0f), _CMP_GT_OQ);
-    const __m512 sat = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ), V(INFINITY),
-                                            _mm512_setzero_ps());
-    const __m512 e = _mm512_mask_blend_ps(big, _mm512_scalef_ps(j, n), sat);
-    return _mm512_div_ps(x, _mm512_add_ps(V(1.0f), e));
-#undef V
+    const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(n), vf_set1(192.0f), _CMP_GT_OQ);
+    const __m512 sat = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, vf_zero(), _CMP_LE_OQ), vf_set1(INFINITY), vf_zero());
+    return _mm512_mask_blend_ps(big, _mm512_scalef_ps(j, n), sat);
 #else
-#define V(c) _mm256_set1_ps(c)
-    const __m256 xn = _mm256_sub_ps(_mm256_setzero_ps(), x);
-    const __m256 z = _mm256_fmadd_ps(xn, V(0x1.715476p+0f), V(0x1.8p23f));
-    const __m256 n = _mm256_sub_ps(z, V(0x1.8p23f));
-    const __m256 b = _mm256_fnmadd_ps(n, V(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, V(0x1.62e4p-1f), xn));
-    const __m256 u = _mm256_mul_ps(b, b);
-    const __m256 j = _mm256_fmadd_ps(
-        _mm256_fmadd_ps(_mm256_fmadd_ps(V(0x1.0e4020p-7f), b, V(0x1.573e2ep-5f)), u,
-                        _mm256_fmadd_ps(V(0x1.555e66p-3f), b, V(0x1.fffdb6p-2f))),
-        u, _mm256_fmadd_ps(V(0x1.ffffecp-1f), b, V(1.0f)));
     const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
     const __m256i bias = _mm256_set1_epi32(127);
     const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
     const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    const __m256 big = _mm256_cmp_ps(_mm256_andnot_ps(V(-0.0f), n), V(192.0f), _CMP_GT_OQ);
-    const __m256 sat = _mm256_blendv_ps(V(INFINITY), _mm256_setzero_ps(), _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ));
-    const __m256 e = _mm256_blendv_ps(_mm256_mul_ps(_mm256_mul_ps(j, s1), s2), sat, big);
-    return _mm256_div_ps(x, _mm256_add_ps(V(1.0f), e));
-#undef V
+    const __m256 big = _mm256_cmp_ps(_mm256_andnot_ps(vf_set1(-0.0f), n), vf_set1(192.0f), _CMP_GT_OQ);
+    const __m256 sat = _mm256_blendv_ps(vf_set1(INFINITY), vf_zero(), _mm256_cmp_ps(n, vf_zero(), _CMP_LE_OQ));
+    return _mm256_blendv_ps(vf_mul(vf_mul(j, s1), s2), sat, big);
 #endif
+}
+
+/* act.c's SiLU, VW lanes at a time: ggml_v_expf(-x) and x / (1 + e). */
+SBX_ALWAYS vf silu_v(vf x) {
+    const vf xn = vf_sub(vf_zero(), x);
+    const vf n = vf_sub(vf_fma(xn, vf_set1(0x1.715476p+0f), vf_set1(0x1.8p23f)), vf_set1(0x1.8p23f));
+    const vf b = vf_fnma(n, vf_set1(0x1.7f7d1cp-20f), vf_fnma(n, vf_set1(0x1.62e4p-1f), xn));
+    const vf u = vf_mul(b, b);
+    const vf j = vf_fma(vf_fma(vf_fma(vf_set1(0x1.0e4020p-7f), b, vf_set1(0x1.573e2ep-5f)), u,
+                               vf_fma(vf_set1(0x1.555e66p-3f), b, vf_set1(0x1.fffdb6p-2f))),
+                        u, vf_fma(vf_set1(0x1.ffffecp-1f), b, vf_set1(1.0f)));
+    return vf_div(x, vf_add(vf_set1(1.0f), exp_scale(j, n)));
 }
 
 static void swiglu_f32(int64_t n, float *gate, const float *up) {
     int64_t i = 0;
-#if SBX_AVX512
     for (; i + VW <= n; i += VW)
-        _mm512_storeu_ps(gate + i, _mm512_mul_ps(silu_v(_mm512_loadu_ps(gate + i)), _mm512_loadu_ps(up + i)));
-#else
-    for (; i + VW <= n; i += VW)
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu_v(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
-#endif
+        vf_storeu(gate + i, vf_mul(silu_v(vf_loadu(gate + i)), vf_loadu(up + i)));
     sb__swiglu_ref(n - i, gate + i, up + i);
 }
 
