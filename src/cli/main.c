@@ -143,9 +143,16 @@ int main(int argc, char **argv) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? SB_EXIT_USAGE : 0;
     }
+    /* `switchboard <command> --help`: the usage lists every command's options. */
+    const bool wants_help = argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0);
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        if (strcmp(argv[1], commands[i].name) == 0)
+        if (strcmp(argv[1], commands[i].name) == 0) {
+            if (wants_help) {
+                fputs(usage, stdout);
+                return 0;
+            }
             return commands[i].fn(argc - 1, argv + 1);
+        }
     usage_error("unknown command '%s'", argv[1]);
     return SB_EXIT_USAGE;
 }

@@ -171,6 +171,28 @@ static void test_run_errors(void **state) {
     expect_run_error(path, "empty");
 }
 
+/* `switchboard <command> --help` prints the usage and succeeds, for every
+ * command; an unknown command is still a usage error. */
+static void test_command_help(void **state) {
+    (void)state;
+    static const char *const commands[] = {"run", "bench", "serve", "info", "tokenize", "template", "gen-model"};
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+        const char *args[] = {commands[i], i % 2 ? "-h" : "--help", NULL};
+        char *out = NULL, *err = NULL;
+        assert_int_equal(sb_test_run_cli(args, &out, &err), 0);
+        assert_non_null(strstr(out, "usage: switchboard <command>"));
+        assert_non_null(strstr(out, commands[i]));
+        free(out);
+        free(err);
+    }
+    const char *bad[] = {"frobnicate", "--help", NULL};
+    char *out = NULL, *err = NULL;
+    assert_int_not_equal(sb_test_run_cli(bad, &out, &err), 0);
+    assert_non_null(strstr(err, "unknown command 'frobnicate'"));
+    free(out);
+    free(err);
+}
+
 static void test_tokenize_command(void **state) {
     (void)state;
     char *path = fixture_path("stories260K.gguf");
@@ -214,6 +236,7 @@ int main(void) {
         cmocka_unit_test(test_llama2c_story),
         cmocka_unit_test(test_info_every_fixture),
         cmocka_unit_test(test_run_errors),
+        cmocka_unit_test(test_command_help),
         cmocka_unit_test(test_tokenize_command),
         cmocka_unit_test(test_gen_model_runs),
     };
