@@ -630,19 +630,21 @@ static void test_float_activation_rounding(void **state) {
 }
 
 /* Products of one input: the same bytes as one sb_matmul per matrix, on a
- * pool, for matrices that share an activation format (one loop) and for a
- * mix that does not (one by one). */
+ * pool (2 threads: the chunks split evenly between them; 3: with chunks
+ * left over), for matrices that share an activation format (one loop) and
+ * for a mix that does not (one by one). */
 static void test_matmul_many_equals_one_by_one(void **state) {
     (void)state;
     enum { N_IN = 256, N_TOK = 5 };
     static const sb_type sets[][3] = {{SB_TYPE_Q4_0, SB_TYPE_Q8_0, SB_TYPE_Q4_0}, {SB_TYPE_Q4_0, SB_TYPE_Q4_1, SB_TYPE_F16}};
     static const int64_t n_out[3] = {37, 64, 9};
-    sb_threadpool *tp = NULL;
-    assert_int_equal(sb_threadpool_create(2, &tp, NULL), SB_OK);
     float *x = malloc(sizeof(float) * N_IN * N_TOK);
     for (int64_t k = 0; k < N_IN * N_TOK; k++)
         x[k] = rng_float() * 3.0f;
-    for (size_t set = 0; set < sizeof(sets) / sizeof(sets[0]); set++) {
+    for (size_t case_ = 0; case_ < 2 * sizeof(sets) / sizeof(sets[0]); case_++) {
+        const size_t set = case_ / 2;
+        sb_threadpool *tp = NULL;
+        assert_int_equal(sb_threadpool_create(2 + (int)(case_ % 2), &tp, NULL), SB_OK);
         sb_matmul_dst dst[3];
         float *want[3];
         size_t work_size = 0;
@@ -673,9 +675,9 @@ static void test_matmul_many_equals_one_by_one(void **state) {
             free(want[m]);
         }
         free(work);
+        sb_threadpool_free(tp);
     }
     free(x);
-    sb_threadpool_free(tp);
 }
 
 static void test_matmul_odd_sizes(void **state) {
