@@ -30,6 +30,14 @@
 #include "base/base.h"
 #include "base/rng.h"
 
+/* The loops over the whole vocabulary, built for several x86 vector widths
+ * and picked when the program loads (gcc's function multi-versioning). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SB_SAMPLER_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SB_SAMPLER_CLONES
+#endif
+
 /* Tokens per block of the draw: the blocks' sums locate the drawn one. */
 #define DRAW_BLOCK 64
 
@@ -214,18 +222,34 @@ static float max_of(const float *v, size_t n) {
  * largest float, which still wins but keeps softmax arithmetic finite.
  * Returns the greedy choice: the best token, the lowest id among ties, and
  * token 0 if every token is banned. */
+SB_SAMPLER_CLONES static float tame_and_max(float *v, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        v[i] = v[i] != v[i] ? -INFINITY : v[i] == INFINITY ? FLT_MAX : v[i];
+    return max_of(v, n);
+}
+
+/* The first i with v[i] == x (x is in v), a block of 64 at a time (one
+ * vectorisable test per block). */
+SB_SAMPLER_CLONES static size_t first_index(const float *v, size_t n, float x) {
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        int hit = 0;
+        for (int j = 0; j < 64; j++)
+            hit |= v[i + j] == x;
+        if (hit)
+            break;
+    }
+    while (v[i] != x)
+        i++;
+    return i;
+}
+
 static int32_t load_logits(sb_sampler_t *s, const float *logits) {
     float *v = s->logits;
-    const int32_t n = s->n_vocab;
-    memcpy(v, logits, (size_t)n * sizeof(*v));
+    const size_t n = (size_t)s->n_vocab;
+    memcpy(v, logits, n * sizeof(*v));
     apply_penalties(s);
-    for (int32_t i = 0; i < n; i++)
-        v[i] = v[i] != v[i] ? -INFINITY : v[i] == INFINITY ? FLT_MAX : v[i];
-    const float max = max_of(v, (size_t)n);
-    int32_t best = 0;
-    while (v[best] != max)
-        best++;
-    return best;
+    return (int32_t)first_index(v, n, tame_and_max(v, n));
 }
 
 /* ---- ranking ----------------------------------------------------------- */
@@ -381,10 +405,12 @@ static inline float exp_nonpositive(float x) {
     float r = (xc - k * 0.693145752f) - k * 1.42860677e-06f;
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f +
                                                                                           r * 0.00138888892f)))));
-    int32_t bits = ((int32_t)k + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof(scale));
-    return x > -87.0f ? p * scale : 0.0f;
+    /* 2^k from its exponent bits (a union, not memcpy, so that loops of it vectorise). */
+    union {
+        int32_t bits;
+        float f;
+    } scale = {.bits = ((int32_t)k + 127) << 23};
+    return x > -87.0f ? p * scale.f : 0.0f;
 }
 
 /* Draws from the softmax at the sampler's temperature of n logits w[0..n)
@@ -394,24 +420,37 @@ static inline float exp_nonpositive(float x) {
  * total over blocks in order; the draw walks the blocks, then the one it
  * lands in. Rounding can leave the walk short of u: then the last weighted
  * token of that block (or of all) wins. */
-static int32_t draw(sb_sampler_t *s, float *w, const int32_t *ids, size_t n, float max) {
-    const float inv_t = 1.0f / s->params.temperature;
+/* The weights and per-block sums of draw(). */
+SB_SAMPLER_CLONES static double weigh_blocks(float *w, size_t n, float max, float inv_t, double *block_sums) {
     const size_t n_blocks = (n + DRAW_BLOCK - 1) / DRAW_BLOCK;
     double total = 0.0;
     for (size_t b = 0; b < n_blocks; b++) {
         const size_t i0 = b * DRAW_BLOCK, i1 = i0 + DRAW_BLOCK < n ? i0 + DRAW_BLOCK : n;
         for (size_t i = i0; i < i1; i++)
             w[i] = exp_nonpositive((w[i] - max) * inv_t);
-        double lane[8] = {0};
+        /* Lane j sums w[i0 + j], w[i0 + 8 + j], ... in double: 8 lanes as one vector. */
+        typedef float f32x8 __attribute__((vector_size(32)));
+        typedef double f64x8 __attribute__((vector_size(64)));
+        f64x8 lanes = {0};
         size_t i = i0;
-        for (; i + 8 <= i1; i += 8)
-            for (int j = 0; j < 8; j++)
-                lane[j] += w[i + j];
+        for (; i + 8 <= i1; i += 8) {
+            f32x8 x;
+            memcpy(&x, w + i, sizeof(x));
+            lanes += __builtin_convertvector(x, f64x8);
+        }
+        double lane[8];
+        memcpy(lane, &lanes, sizeof(lane));
         for (; i < i1; i++)
             lane[0] += w[i];
-        s->block_sums[b] = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-        total += s->block_sums[b];
+        block_sums[b] = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+        total += block_sums[b];
     }
+    return total;
+}
+
+static int32_t draw(sb_sampler_t *s, float *w, const int32_t *ids, size_t n, float max) {
+    const size_t n_blocks = (n + DRAW_BLOCK - 1) / DRAW_BLOCK;
+    const double total = weigh_blocks(w, n, max, 1.0f / s->params.temperature, s->block_sums);
     const double u = sb_rng_uniform(&s->rng) * total;
     double cum = 0.0;
     size_t b = 0;
