@@ -983,16 +983,25 @@ static void gemm_q4_0_packed(int64_t n, const void *w, size_t ws, int64_t nr, co
 static void pack_q4_0(const void *src, void *dst, int64_t n_in, int64_t n_out) {
     const int64_t nb = n_in / SB_QK;
     const size_t row = (size_t)nb * sizeof(sb_block_q4_0);
+    const uint8_t *rp[QB_R];
+    int32_t off[QB_R];
+    for (int r = 0; r < QB_R; r++)
+        off[r] = (int32_t)((size_t)r * row);
+    const vi rowoff = vi_loadu(off);
     for (int64_t g = 0; g < n_out / QB_R; g++) {
         const uint8_t *in = (const uint8_t *)src + (size_t)g * QB_R * row;
         uint8_t *out = (uint8_t *)dst + (size_t)g * QB_R * row, *scales = out + (size_t)nb * QB_PACKED_Q;
-        for (int64_t b = 0; b < nb; b++)
-            for (int r = 0; r < QB_R; r++) {
-                const uint8_t *blk = in + (size_t)r * row + (size_t)b * sizeof(sb_block_q4_0);
-                memcpy(scales + (size_t)b * QB_PACKED_D + 2 * r, blk, 2);
-                for (int j = 0; j < 4; j++)
-                    memcpy(out + (size_t)b * QB_PACKED_Q + 64 * j + 4 * r, blk + 2 + 4 * j, 4);
-            }
+        for (int r = 0; r < QB_R; r++)
+            rp[r] = in + (size_t)r * row;
+        for (int64_t b = 0; b < nb; b++) {
+            const size_t o = (size_t)b * sizeof(sb_block_q4_0);
+            vi v[4];
+            qb_transpose(rp, o + 2, v);
+            for (int j = 0; j < 4; j++)
+                _mm512_storeu_si512(out + (size_t)b * QB_PACKED_Q + 64 * j, v[j]);
+            const __m512i d = _mm512_i32gather_epi32(rowoff, in + o, 1);
+            _mm256_storeu_si256((__m256i *)(scales + (size_t)b * QB_PACKED_D), _mm512_cvtepi32_epi16(d));
+        }
     }
 }
 #endif
