@@ -41,6 +41,10 @@ static inline bool sb_add_overflows(uint64_t a, uint64_t b, uint64_t *out) {
 }
 
 #define SB_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* x rounded down / up to a multiple of a, a power of two. */
+static inline uintptr_t sb_align_down(uintptr_t x, uintptr_t a) { return x & ~(a - 1); }
+static inline uintptr_t sb_align_up(uintptr_t x, uintptr_t a) { return sb_align_down(x + a - 1, a); }
 #define SB_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SB_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -481,8 +481,8 @@ sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t blo
     /* 64-byte aligned, so that whole rows can be streamed in (store_rows). */
     kv->k_mem = sb_calloc(n + 16, sizeof(float));
     kv->v_mem = sb_calloc(n + 16, sizeof(float));
-    kv->k = (float *)(((uintptr_t)kv->k_mem + 63) & ~(uintptr_t)63);
-    kv->v = (float *)(((uintptr_t)kv->v_mem + 63) & ~(uintptr_t)63);
+    kv->k = (float *)sb_align_up((uintptr_t)kv->k_mem, 64);
+    kv->v = (float *)sb_align_up((uintptr_t)kv->v_mem, 64);
     if (!kv->k_mem || !kv->v_mem) {
         sb_kv_free(kv);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for a KV cache of %d x %d positions (%zu MiB)", n_blocks,

@@ -32,6 +32,13 @@ static size_t packable(sb_model *m, sb_weight **out) {
     return n;
 }
 
+/* madvise() over the whole `unit`s inside [p, p + size), if any. */
+static void advise_inside(const void *p, size_t size, uintptr_t unit, int advice) {
+    const uintptr_t lo = sb_align_up((uintptr_t)p, unit), hi = sb_align_down((uintptr_t)p + size, unit);
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, advice);
+}
+
 sb_status sb_model_pack(sb_model *m, sb_error *err) {
     sb_weight **list = sb_calloc((size_t)m->hp.n_layer * 8 + 1, sizeof(*list));
     if (!list)
@@ -39,18 +46,15 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
     const size_t n = packable(m, list);
     size_t total = 0;
     for (size_t i = 0; i < n; i++) /* each copy 64-byte aligned, for the kernels' vector loads */
-        total += (sb_type_row_size(list[i]->type, list[i]->n_in) * (size_t)list[i]->n_out + 63) / 64 * 64;
+        total += sb_align_up(sb_type_row_size(list[i]->type, list[i]->n_in) * (size_t)list[i]->n_out, 64);
     if (n > 0 && !(m->packed = sb_malloc(total + 63))) {
         sb_free(list);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for %zu bytes of packed weights", total);
     }
-    uint8_t *dst = (uint8_t *)(((uintptr_t)m->packed + 63) & ~(uintptr_t)63);
+    uint8_t *dst = (uint8_t *)sb_align_up((uintptr_t)m->packed, 64);
     /* Huge pages where the system gives them on request: the kernels stream
      * the whole copy every token, and 4 KiB pages cost a TLB miss each. */
-    const uintptr_t huge = (uintptr_t)2 << 20, hlo = ((uintptr_t)dst + huge - 1) & ~(huge - 1),
-                    hhi = ((uintptr_t)dst + total) & ~(huge - 1);
-    if (hhi > hlo)
-        madvise((void *)hlo, hhi - hlo, MADV_HUGEPAGE);
+    advise_inside(dst, total, (uintptr_t)2 << 20, MADV_HUGEPAGE);
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (size_t i = 0; i < n; i++) {
         sb_weight *w = list[i];
@@ -58,12 +62,11 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
         sb_weight_pack(w->type, w->data, dst, w->n_in, w->n_out);
         /* The file's copy is not read again: its whole pages leave memory
          * (only from a file mapping: this would zero anonymous memory). */
-        const uintptr_t lo = ((uintptr_t)w->data + page - 1) & ~(page - 1), hi = ((uintptr_t)w->data + size) & ~(page - 1);
-        if (m->gguf->mapped && hi > lo)
-            madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        if (m->gguf->mapped)
+            advise_inside(w->data, size, page, MADV_DONTNEED);
         w->data = dst;
         w->packed = true;
-        dst += (size + 63) / 64 * 64;
+        dst += sb_align_up(size, 64);
     }
     sb_free(list);
     return SB_OK;
