@@ -130,6 +130,17 @@ static void fill_rows(sb_type t, bool act, int64_t n, int64_t nrows, uint8_t *p,
 
 /* ---- gemm ------------------------------------------------------------- */
 
+/* The SIMD levels this CPU runs, into out[]; returns how many. The tests
+ * below compare each with the scalar level. */
+static int simd_levels(const sb_kernels *out[SB_CPU_LEVEL_COUNT]) {
+    int n = 0;
+    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++)
+        if (sb_kernels_for((sb_cpu_level)lv))
+            out[n++] = sb_kernels_for((sb_cpu_level)lv);
+    return n;
+}
+
+
 /* k's gemm for the type, or with `packed` its packed layout's (weights
  * packed from contiguous rows), against the scalar gemm on the rows. */
 static bool check_gemm_as(const sb_kernels *k, const sb_kernels *ref, sb_type type, bool packed, int64_t n, int64_t nr,
@@ -184,9 +195,10 @@ static void test_packed_gemm_matches_scalar(void **state) {
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     int failures = 0, checked = 0;
     assert_int_equal(ref->packing[SB_TYPE_Q4_0].rows, 0); /* the scalar level packs nothing */
-    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
-        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
-        for (uint32_t type = 0; k && type < SB_TYPE_COUNT; type++) {
+    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++) {
+        const sb_kernels *k = simd[l];
+        for (uint32_t type = 0; type < SB_TYPE_COUNT; type++) {
             const sb_packing *p = &k->packing[type];
             if (p->rows == 0)
                 continue;
@@ -210,12 +222,11 @@ static void test_gemm_matches_scalar(void **state) {
     static const int64_t nrs[] = {1, 2, 3, 5, 17};
     static const int64_t nts[] = {1, 2, 3, 5, 13};
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
-    int levels = 0, failures = 0;
-    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
-        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
-        if (!k)
-            continue;
-        levels++;
+    int failures = 0;
+    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    const int n_simd = simd_levels(simd);
+    for (int l = 0; l < n_simd; l++) {
+        const sb_kernels *k = simd[l];
         for (size_t ti = 0; ti < sizeof(weight_types) / sizeof(weight_types[0]); ti++) {
             const sb_type type = weight_types[ti];
             const bool is_float = sb_type_traits_of(type)->blck_size == 1;
@@ -233,7 +244,7 @@ static void test_gemm_matches_scalar(void **state) {
             failures += !check_gemm(k, ref, type, 512, 8, 16);
         }
     }
-    if (levels == 0)
+    if (n_simd == 0)
         print_message("no SIMD level on this CPU; only the scalar level is tested\n");
     assert_int_equal(failures, 0);
 }
@@ -247,10 +258,9 @@ static void test_gemm_tile_shapes(void **state) {
     (void)state;
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     int failures = 0;
-    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
-        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
-        if (!k)
-            continue;
+    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++) {
+        const sb_kernels *k = simd[l];
         for (size_t ti = 0; ti < sizeof(weight_types) / sizeof(weight_types[0]); ti++) {
             const sb_type type = weight_types[ti];
             if (type == SB_TYPE_F32)
@@ -336,10 +346,9 @@ static void test_act_matches_scalar(void **state) {
     static const int64_t float_ns[] = {1, 7, 8, 15, 17, 33};
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     int failures = 0;
-    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
-        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
-        if (!k)
-            continue;
+    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++) {
+        const sb_kernels *k = simd[l];
         for (size_t ti = 0; ti < sizeof(act_types) / sizeof(act_types[0]); ti++) {
             const sb_type t = act_types[ti];
             assert_non_null(k->act_from_float[t]);
@@ -390,9 +399,10 @@ static void test_axpy_matches_scalar(void **state) {
         start[i] = rng_unit() * 4.0f;
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     int failures = 0;
-    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
-        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
-        for (size_t c = 0; k && c < sizeof(ns) / sizeof(ns[0]); c++)
+    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++) {
+        const sb_kernels *k = simd[l];
+        for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++)
             for (int64_t nr = 1; nr <= MAXR; nr += nr < 4 ? 1 : 9) {
                 const int64_t n = ns[c];
                 memcpy(y0, start, sizeof(y0));
@@ -423,9 +433,10 @@ static void test_store_rows_matches_scalar(void **state) {
         src[i] = rng_unit();
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     static const int64_t ns[] = {1, 8, 16, 64, 80, 128};
-    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
-        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
-        for (size_t c = 0; k && c < sizeof(ns) / sizeof(ns[0]); c++)
+    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++) {
+        const sb_kernels *k = simd[l];
+        for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++)
             for (int misalign = 0; misalign <= 1; misalign++) {
                 const size_t stride = misalign ? STRIDE + 1 : STRIDE;
                 memset(mem0, 0x5a, sizeof(float) * (STRIDE * NR + 16));
@@ -468,10 +479,9 @@ static void test_swiglu_matches_scalar(void **state) {
             assert_true(fabs(want[i] / up[i] - silu) <= 1e-6 * fabs(silu));
     }
     int failures = 0;
-    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++) {
-        const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
-        if (!k)
-            continue;
+    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++) {
+        const sb_kernels *k = simd[l];
         for (int n = N - 16; n <= N; n++) {
             memcpy(got, g, N * sizeof(float));
             k->swiglu(n, got, up);
