@@ -106,6 +106,7 @@ int main(int argc, char **argv) {
     const char *path = NULL, *list = "1,4,8,16";
     int threads = 2, tokens = 64, reps = 3;
     float temp = 0.8f;
+    sb_cache_type cache_type = SB_CACHE_F32;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
@@ -121,10 +122,13 @@ int main(int argc, char **argv) {
             ok = parse_int(v, 1, MAX_REPS, &reps);
         else if (ok && strcmp(a, "--temp") == 0)
             temp = strtof(v, NULL);
+        else if (ok && strcmp(a, "--cache-type") == 0)
+            ok = sb_cache_type_parse(v, &cache_type);
         else
             ok = false;
         if (!ok) {
-            fputs("usage: bench_engine -m MODEL [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]\n",
+            fputs("usage: bench_engine -m MODEL [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]\n"
+                  "                    [--cache-type f32|f16]\n",
                   stderr);
             return 2;
         }
@@ -142,6 +146,7 @@ int main(int argc, char **argv) {
     sb_engine_params ep = sb_engine_default_params();
     ep.n_threads = threads;
     ep.n_parallel = MAX_STREAMS;
+    ep.cache_type = cache_type;
     sb_engine *e = NULL;
     if (sb_engine_create(m, &ep, &e, &err) != SB_OK) {
         fprintf(stderr, "bench_engine: %s\n", err.msg);

@@ -5,7 +5,7 @@
 // requests. Prints a table.
 //
 //   node bench/serve-load.mjs [--bin build/switchboard] [--model FILE] [--threads 2]
-//                             [--tokens 64] [--requests 10000] [--rounds 3]
+//                             [--tokens 64] [--requests 10000] [--rounds 3] [--cache-type f32|f16]
 // The sweep over 1, 4, 8 and 16 streams runs --rounds times (the levels
 // alternate, so a noisy neighbour spreads over all of them); each level's
 // rate is the median over rounds, and its ratio to the single-stream median
@@ -27,6 +27,7 @@ const THREADS = opt('threads', '2');
 const TOKENS = Number(opt('tokens', '64'));
 const REQUESTS = Number(opt('requests', '10000'));
 const ROUNDS = Number(opt('rounds', '3'));
+const CACHE_TYPE = opt('cache-type', 'f32');
 let MODEL = opt('model', null);
 if (!MODEL) {
   MODEL = path.join(root, 'build/bench-110m-q4_0.gguf');
@@ -38,7 +39,8 @@ if (!MODEL) {
 }
 const MODEL_ID = path.basename(MODEL).replace(/\.gguf$/, '');
 
-const proc = spawn(BIN, ['serve', '-m', MODEL, '--port', '0', '--threads', THREADS, '--parallel', '16', '--quiet'], {
+const proc = spawn(BIN, ['serve', '-m', MODEL, '--port', '0', '--threads', THREADS, '--parallel', '16',
+  '--cache-type', CACHE_TYPE, '--quiet'], {
   stdio: ['ignore', 'ignore', 'pipe'],
 });
 let log = '';
@@ -151,7 +153,7 @@ const rssAfter = rssMiB();
 proc.kill('SIGTERM');
 const code = await new Promise((r) => proc.on('exit', r));
 
-console.log(`switchboard serve: ${path.basename(MODEL)}, --threads ${THREADS}, --parallel 16, ${TOKENS} tokens per stream, ${ROUNDS} rounds`);
+console.log(`switchboard serve: ${path.basename(MODEL)}, --threads ${THREADS}, --parallel 16, --cache-type ${CACHE_TYPE}, ${TOKENS} tokens per stream, ${ROUNDS} rounds`);
 console.log('| streams | requests | tokens | seconds | gen tok/s (median) | min | max | x single | TTFT p50 ms | TTFT p99 ms |');
 console.log('|--------:|---------:|-------:|--------:|----------:|----:|----:|---------:|------------:|------------:|');
 for (const r of rows)

@@ -119,9 +119,19 @@ sb_status sb_detokenize(const sb_model_t *model, const int32_t *ids, size_t n, b
 
 typedef struct sb_ctx sb_ctx_t;
 
+/* What the KV cache holds keys and values in. F32 is exact attention (the
+ * default, what the fixtures' llama.cpp answers were computed with); F16
+ * halves the cache and the bytes attention reads (llama.cpp's default:
+ * queries and keys meet in F16, as there). */
+typedef enum sb_cache_type { SB_CACHE_F32 = 0, SB_CACHE_F16 = 1 } sb_cache_type;
+/* "f32" / "f16"; false for any other name. */
+bool sb_cache_type_parse(const char *name, sb_cache_type *out);
+const char *sb_cache_type_name(sb_cache_type type);
+
 typedef struct sb_ctx_params {
-    int32_t n_ctx;     /* KV-cache length in tokens; 0 = the model's training context */
-    int32_t n_threads; /* worker threads; 0 = one per online core */
+    int32_t n_ctx;            /* KV-cache length in tokens; 0 = the model's training context */
+    int32_t n_threads;        /* worker threads; 0 = one per online core */
+    sb_cache_type cache_type; /* SB_CACHE_F32 unless set */
 } sb_ctx_params;
 sb_ctx_params sb_ctx_default_params(void);
 

@@ -9,6 +9,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "switchboard.h"
+
 int sb_cmd_run(int argc, char **argv);
 int sb_cmd_info(int argc, char **argv);
 int sb_cmd_tokenize(int argc, char **argv);
@@ -26,6 +28,8 @@ bool sb_cli_opt(int argc, char **argv, int *i, const char *name, const char **va
 /* Parse a whole string as a number, or exit with a usage error naming opt. */
 int64_t sb_cli_int(const char *opt, const char *value, int64_t min, int64_t max);
 float sb_cli_float(const char *opt, const char *value);
+/* "f32" or "f16" (--cache-type), or exit with a usage error naming opt. */
+sb_cache_type sb_cli_cache_type(const char *opt, const char *value);
 
 /* A whole file as a NUL-terminated string (sb_malloc'd, freed with
  * sb_free), or NULL if it cannot be read. */

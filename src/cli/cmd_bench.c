@@ -38,6 +38,7 @@
 typedef struct bench_opts {
     const char *model;
     int32_t n_prompt, n_gen, n_threads, reps;
+    sb_cache_type cache_type;
     bool json, progress;
 } bench_opts;
 
@@ -67,6 +68,8 @@ static void parse_opts(int argc, char **argv, bench_opts *o) {
             o->n_threads = (int32_t)sb_cli_int("-t", v, 1, 1024);
         else if (sb_cli_opt(argc, argv, &i, "-r", &v) || sb_cli_opt(argc, argv, &i, "--repetitions", &v))
             o->reps = (int32_t)sb_cli_int("-r", v, 1, 1000);
+        else if (sb_cli_opt(argc, argv, &i, "--cache-type", &v))
+            o->cache_type = sb_cli_cache_type("--cache-type", v);
         else if (sb_cli_opt(argc, argv, &i, "-o", &v) || sb_cli_opt(argc, argv, &i, "--output", &v)) {
             if (strcmp(v, "json") != 0 && strcmp(v, "table") != 0) {
                 fprintf(stderr, "switchboard bench: option -o: '%s' is not 'table' or 'json'\n", v);
@@ -263,6 +266,7 @@ static cJSON *result_json(const bench_opts *o, const model_desc *d, int32_t thre
     cJSON_AddNumberToObject(j, "size_mib", d->size_mib);
     cJSON_AddNumberToObject(j, "n_params", (double)d->n_params);
     cJSON_AddNumberToObject(j, "threads", threads);
+    cJSON_AddStringToObject(j, "cache_type", sb_cache_type_name(o->cache_type));
     cJSON_AddStringToObject(j, "test", r->test);
     cJSON_AddNumberToObject(j, "reps", o->reps);
     cJSON_AddNumberToObject(j, "t_s_median", r->ts_median);
@@ -295,7 +299,7 @@ int sb_cmd_bench(int argc, char **argv) {
     }
     int32_t n_ids = o.n_prompt > TG_PROMPT ? o.n_prompt : TG_PROMPT;
     int32_t need = o.n_prompt > TG_PROMPT + o.n_gen ? o.n_prompt : TG_PROMPT + o.n_gen;
-    sb_ctx_params cp = {.n_ctx = need + 16, .n_threads = threads};
+    sb_ctx_params cp = {.n_ctx = need + 16, .n_threads = threads, .cache_type = o.cache_type};
     ids = malloc((size_t)n_ids * sizeof(int32_t));
     if (!ids) {
         sb_cli_error("out of memory");

@@ -25,6 +25,7 @@
 typedef struct run_opts {
     const char *model, *prompt;
     int32_t n_predict, n_ctx, n_threads;
+    sb_cache_type cache_type;
     sb_sampler_params sp;
     bool seed_given, json, chat;
     const char *system; /* --chat: an optional system message */
@@ -63,6 +64,8 @@ static void parse_opts(int argc, char **argv, run_opts *o) {
             o->n_threads = (int32_t)sb_cli_int("--threads", v, 1, 1024);
         else if (sb_cli_opt(argc, argv, &i, "-c", &v) || sb_cli_opt(argc, argv, &i, "--ctx", &v))
             o->n_ctx = (int32_t)sb_cli_int("--ctx", v, 1, 1 << 24);
+        else if (sb_cli_opt(argc, argv, &i, "--cache-type", &v))
+            o->cache_type = sb_cli_cache_type("--cache-type", v);
         else if (sb_cli_opt(argc, argv, &i, "--stop", &v)) {
             if (o->n_stops == MAX_STOPS) {
                 fprintf(stderr, "switchboard run: at most %d --stop strings\n", MAX_STOPS);
@@ -199,7 +202,7 @@ int sb_cmd_run(int argc, char **argv) {
         sb_cli_error("out of memory");
         goto done;
     }
-    sb_ctx_params cp = {.n_ctx = o.n_ctx, .n_threads = o.n_threads};
+    sb_ctx_params cp = {.n_ctx = o.n_ctx, .n_threads = o.n_threads, .cache_type = o.cache_type};
     if (sb_ctx_create(s.model, &cp, &s.ctx, &err) != SB_OK ||
         sb_sampler_create(&o.sp, sb_model_n_vocab(s.model), &s.sampler, &err) != SB_OK ||
         sb_detok_create(s.model, plen == 0 && !o.chat, &s.detok, &err) != SB_OK ||

@@ -17,7 +17,7 @@
 static const char serve_usage[] =
     "usage: switchboard serve -m FILE [--host 127.0.0.1] [--port 8080] [--ctx N] [--parallel N] [--threads N]\n"
     "                         [--alias NAME] [--max-batch-tokens N] [--max-body BYTES] [--max-queue N]\n"
-    "                         [--timeout SECONDS] [--quiet]\n";
+    "                         [--timeout SECONDS] [--cache-type f32|f16] [--quiet]\n";
 
 static void log_line(void *user, const char *line) { fprintf(stderr, "switchboard serve: %s\n", line); }
 
@@ -49,6 +49,8 @@ int sb_cmd_serve(int argc, char **argv) {
             p.engine.max_queue = (int32_t)sb_cli_int("--max-queue", v, 1, 1 << 20);
         else if (sb_cli_opt(argc, argv, &i, "--max-body", &v))
             p.max_body = (size_t)sb_cli_int("--max-body", v, 1, INT64_C(1) << 32);
+        else if (sb_cli_opt(argc, argv, &i, "--cache-type", &v))
+            p.engine.cache_type = sb_cli_cache_type("--cache-type", v);
         else if (sb_cli_opt(argc, argv, &i, "--timeout", &v))
             p.timeout_s = (uint32_t)sb_cli_int("--timeout", v, 1, 86400);
         else if (strcmp(argv[i], "--quiet") == 0)

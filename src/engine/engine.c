@@ -104,7 +104,7 @@ static double now_s(void) {
 
 sb_engine_params sb_engine_default_params(void) {
     return (sb_engine_params){.n_ctx = 4096, .n_parallel = 8, .max_batch_tokens = 512, .max_queue = 256,
-                              .n_threads = 0, .block_size = 16};
+                              .n_threads = 0, .block_size = 16, .cache_type = SB_CACHE_F32};
 }
 
 /* ---- sequences ------------------------------------------------------------ */
@@ -604,6 +604,8 @@ sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *para
         p.n_threads < 0)
         return sb_fail(err, SB_ERR_INVALID_ARG, "engine parameters must be positive (n_ctx %d, parallel %d, batch %d, "
                        "queue %d, block %d)", p.n_ctx, p.n_parallel, p.max_batch_tokens, p.max_queue, p.block_size);
+    if (p.cache_type != SB_CACHE_F32 && p.cache_type != SB_CACHE_F16)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "cache_type %d is not SB_CACHE_F32 or SB_CACHE_F16", (int)p.cache_type);
     p.n_ctx = (p.n_ctx + p.block_size - 1) / p.block_size * p.block_size;
     p.max_batch_tokens = SB_MAX(p.max_batch_tokens, p.n_parallel); /* every running sequence can decode */
     sb_engine *e = sb_calloc(1, sizeof(*e));
@@ -617,7 +619,7 @@ sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *para
     int32_t n_blocks = p.n_ctx / p.block_size;
     sb_status st = sb_threadpool_create(n_threads, &e->pool, err);
     if (st == SB_OK)
-        st = sb_kv_init(&e->kv, model, n_blocks, p.block_size, err);
+        st = sb_kv_init(&e->kv, model, n_blocks, p.block_size, p.cache_type, err);
     if (st == SB_OK)
         st = sb_forward_init(&e->fwd, model, e->pool, p.max_batch_tokens, p.n_parallel, p.n_ctx, err);
     if (st == SB_OK)

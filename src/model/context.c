@@ -15,7 +15,21 @@
 /* The only block of the sequence. */
 static const int32_t single_block[1] = {0};
 
-sb_ctx_params sb_ctx_default_params(void) { return (sb_ctx_params){.n_ctx = 0, .n_threads = 0}; }
+sb_ctx_params sb_ctx_default_params(void) {
+    return (sb_ctx_params){.n_ctx = 0, .n_threads = 0, .cache_type = SB_CACHE_F32};
+}
+
+bool sb_cache_type_parse(const char *name, sb_cache_type *out) {
+    if (strcmp(name, "f32") == 0)
+        *out = SB_CACHE_F32;
+    else if (strcmp(name, "f16") == 0)
+        *out = SB_CACHE_F16;
+    else
+        return false;
+    return true;
+}
+
+const char *sb_cache_type_name(sb_cache_type type) { return type == SB_CACHE_F16 ? "f16" : "f32"; }
 
 sb_status sb_ctx_create(const sb_model_t *model, const sb_ctx_params *params, sb_ctx_t **out, sb_error *err) {
     *out = NULL;
@@ -23,6 +37,8 @@ sb_status sb_ctx_create(const sb_model_t *model, const sb_ctx_params *params, sb
     if (p.n_ctx < 0 || p.n_threads < 0)
         return sb_fail(err, SB_ERR_INVALID_ARG, "n_ctx (%d) and n_threads (%d) must not be negative", p.n_ctx,
                        p.n_threads);
+    if (p.cache_type != SB_CACHE_F32 && p.cache_type != SB_CACHE_F16)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "cache_type %d is not SB_CACHE_F32 or SB_CACHE_F16", (int)p.cache_type);
     if (p.n_ctx == 0)
         p.n_ctx = SB_MIN(model->hp.n_ctx_train, SB_DEFAULT_MAX_CTX);
     sb_ctx *c = sb_calloc(1, sizeof(*c));
@@ -34,7 +50,7 @@ sb_status sb_ctx_create(const sb_model_t *model, const sb_ctx_params *params, sb
     int32_t max_batch = SB_MIN(SB_MAX_BATCH, p.n_ctx);
     sb_status st = sb_threadpool_create(n_threads, &c->pool, err);
     if (st == SB_OK)
-        st = sb_kv_init(&c->kv, model, 1, p.n_ctx, err);
+        st = sb_kv_init(&c->kv, model, 1, p.n_ctx, p.cache_type, err);
     if (st == SB_OK)
         st = sb_forward_init(&c->fwd, model, c->pool, max_batch, 1, p.n_ctx, err);
     if (st == SB_OK && !(c->batch = sb_calloc((size_t)max_batch, sizeof(*c->batch))))

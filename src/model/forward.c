@@ -173,9 +173,9 @@ static void place_qkv(void *arg, int64_t i, int ith) {
     int32_t block = j->batch[i].blocks[pos / bs], slot = pos % bs;
     const sb_kernels *kern = sb_kernels_active();
     const size_t head_stride = (size_t)bs * (size_t)hd; /* a block's heads follow each other */
-    kern->store_rows(hd, hp->n_head_kv, ki, sb_kv_k(j->kv, j->il, block, 0, slot), head_stride);
-    kern->store_rows(hd, hp->n_head_kv, f->v + (size_t)i * kv_dim, sb_kv_v(j->kv, j->il, block, 0, slot),
-                     head_stride);
+    const sb_store_rows_fn store = kern->store_rows[j->kv->type];
+    store(hd, hp->n_head_kv, ki, sb_kv_k(j->kv, j->il, block, 0, slot), head_stride);
+    store(hd, hp->n_head_kv, f->v + (size_t)i * kv_dim, sb_kv_v(j->kv, j->il, block, 0, slot), head_stride);
 }
 
 /* Elements per chunk of the gated activation. */
@@ -245,7 +245,8 @@ static void attend_group_head(void *arg, int64_t chunk, int ith) {
     const sb_hparams *hp = &f->model->hp;
     const sb_kernels *kern = sb_kernels_active();
     int32_t hd = hp->head_dim, q_dim = hp->n_head * hd, bs = j->kv->block_size;
-    size_t kv_stride = (size_t)hd * sizeof(float);
+    const sb_type kt = j->kv->type, qt = sb_type_traits_of(kt)->vec_dot_type;
+    size_t kv_stride = (size_t)hd * j->kv->elem;
     int32_t g = (int32_t)(chunk / hp->n_head), h = (int32_t)(chunk % hp->n_head);
     int32_t i0 = j->group_start[g], nq = j->group_start[g + 1] - i0;
     const sb_batch_token *bt0 = &j->batch[i0];
@@ -268,6 +269,16 @@ static void attend_group_head(void *arg, int64_t chunk, int ith) {
         q = qs;
         q_stride = (size_t)hd * sizeof(float);
     }
+    /* F16 keys meet queries rounded to F16, as in llama.cpp's F16 cache. */
+    const void *qx = q;
+    uint16_t qh[ATTN_GROUP * 512];
+    if (qt != SB_TYPE_F32) {
+        for (int32_t i = 0; i < nq; i++)
+            kern->act_from_float[qt]((const float *)((const uint8_t *)q + (size_t)i * q_stride), qh + (size_t)i * hd,
+                                     hd);
+        qx = qh;
+        q_stride = (size_t)hd * sizeof(uint16_t);
+    }
     /* The head's keys and values lie in short runs (one per block) spread
      * over the cache, which the hardware prefetcher does not follow: ask for
      * all of them at once, so that their misses overlap. */
@@ -283,8 +294,8 @@ static void attend_group_head(void *arg, int64_t chunk, int ith) {
     }
     for (int32_t p = first; p <= last;) {
         int32_t slot = p % bs, run = SB_MIN(bs - slot, last + 1 - p);
-        const float *k0 = sb_kv_k(j->kv, j->il, blocks[p / bs], kvh, slot);
-        kern->gemm[SB_TYPE_F32](hd, k0, kv_stride, run, q, q_stride, nq, scores + (p - first), (size_t)npos);
+        const void *k0 = sb_kv_k(j->kv, j->il, blocks[p / bs], kvh, slot);
+        kern->gemm[kt](hd, k0, kv_stride, run, qx, q_stride, nq, scores + (p - first), (size_t)npos);
         p += run;
     }
 
@@ -300,7 +311,7 @@ static void attend_group_head(void *arg, int64_t chunk, int ith) {
         memset(oh, 0, (size_t)hd * sizeof(float));
         for (int32_t t = 0; t < n;) { /* one run of positions per KV block */
             int32_t p = from + t, slot = p % bs, run = SB_MIN(bs - slot, n - t);
-            kern->axpy(hd, run, sc + t, sb_kv_v(j->kv, j->il, blocks[p / bs], kvh, slot), (size_t)hd, oh);
+            kern->axpy[kt](hd, run, sc + t, sb_kv_v(j->kv, j->il, blocks[p / bs], kvh, slot), (size_t)hd, oh);
             t += run;
         }
     }
@@ -473,20 +484,23 @@ void sb_forward_free(sb_forward *f) {
 
 /* ---- KV storage --------------------------------------------------------------- */
 
-sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t block_size, sb_error *err) {
+sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t block_size, sb_cache_type type,
+                     sb_error *err) {
     const sb_hparams *hp = &m->hp;
+    const sb_type t = type == SB_CACHE_F16 ? SB_TYPE_F16 : SB_TYPE_F32;
     *kv = (sb_kv){.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-                  .block_size = block_size, .n_blocks = n_blocks};
-    size_t n = (size_t)hp->n_layer * (size_t)n_blocks * (size_t)block_size * (size_t)hp->n_head_kv * hp->head_dim;
+                  .block_size = block_size, .n_blocks = n_blocks, .type = t, .elem = sb_type_row_size(t, 1)};
+    size_t bytes = (size_t)hp->n_layer * (size_t)n_blocks * (size_t)block_size * (size_t)hp->n_head_kv *
+                   (size_t)hp->head_dim * kv->elem;
     /* 64-byte aligned, so that whole rows can be streamed in (store_rows). */
-    kv->k_mem = sb_calloc(n + 16, sizeof(float));
-    kv->v_mem = sb_calloc(n + 16, sizeof(float));
-    kv->k = (float *)sb_align_up((uintptr_t)kv->k_mem, 64);
-    kv->v = (float *)sb_align_up((uintptr_t)kv->v_mem, 64);
+    kv->k_mem = sb_calloc(bytes + 64, 1);
+    kv->v_mem = sb_calloc(bytes + 64, 1);
+    kv->k = (uint8_t *)sb_align_up((uintptr_t)kv->k_mem, 64);
+    kv->v = (uint8_t *)sb_align_up((uintptr_t)kv->v_mem, 64);
     if (!kv->k_mem || !kv->v_mem) {
         sb_kv_free(kv);
-        return sb_fail(err, SB_ERR_NOMEM, "out of memory for a KV cache of %d x %d positions (%zu MiB)", n_blocks,
-                       block_size, 2 * n * sizeof(float) >> 20);
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory for a KV cache of %d x %d positions in %s (%zu MiB)",
+                       n_blocks, block_size, sb_cache_type_name(type), 2 * bytes >> 20);
     }
     return SB_OK;
 }

@@ -54,22 +54,38 @@ static const sb_gemm_fn gemm_ref_by_id[] = {
 };
 _Static_assert(sizeof(gemm_ref_by_id) / sizeof(gemm_ref_by_id[0]) == SB_TYPE_COUNT, "one wrapper per type id");
 
-static void axpy_ref(int64_t n, int64_t nr, const float *a, const float *x, size_t x_stride, float *y) {
+static void axpy_ref_f32(int64_t n, int64_t nr, const float *a, const void *xv, size_t x_stride, float *y) {
+    const float *x = xv;
     for (int64_t r = 0; r < nr; r++)
         for (int64_t i = 0; i < n; i++)
             y[i] += a[r] * x[(size_t)r * x_stride + (size_t)i];
 }
 
-static void store_rows_ref(int64_t n, int64_t nr, const float *src, float *dst, size_t dst_stride) {
+static void axpy_ref_f16(int64_t n, int64_t nr, const float *a, const void *xv, size_t x_stride, float *y) {
+    const uint16_t *x = xv;
     for (int64_t r = 0; r < nr; r++)
-        memcpy(dst + (size_t)r * dst_stride, src + (size_t)r * (size_t)n, (size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++)
+            y[i] += a[r] * sb_fp16_to_fp32(x[(size_t)r * x_stride + (size_t)i]);
+}
+
+static void store_rows_ref_f32(int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride) {
+    for (int64_t r = 0; r < nr; r++)
+        memcpy((float *)dst + (size_t)r * dst_stride, src + (size_t)r * (size_t)n, (size_t)n * sizeof(float));
+}
+
+static void store_rows_ref_f16(int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride) {
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[(size_t)r * dst_stride + (size_t)i] = sb_fp32_to_fp16(src[(size_t)r * (size_t)n + (size_t)i]);
 }
 
 static void fill_scalar(sb_kernels *k) {
     memset(k, 0, sizeof(*k));
     k->level = SB_CPU_SCALAR;
-    k->axpy = axpy_ref;
-    k->store_rows = store_rows_ref;
+    k->axpy[SB_TYPE_F32] = axpy_ref_f32;
+    k->axpy[SB_TYPE_F16] = axpy_ref_f16;
+    k->store_rows[SB_TYPE_F32] = store_rows_ref_f32;
+    k->store_rows[SB_TYPE_F16] = store_rows_ref_f16;
     k->swiglu = sb__swiglu_ref;
     for (uint32_t id = 0; id < SB_TYPE_COUNT; id++) {
         const sb_type_traits *t = sb_type_traits_of(id);

@@ -142,17 +142,20 @@ typedef void (*sb_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t nr
                            int64_t nt, float *y, size_t ldy);
 
 /* y[i] += a[r] * x[r*x_stride + i] for r = 0, 1, ... nr-1 in turn, i < n,
- * F32, each multiply and add rounded separately (never fused), so every
- * level gives the scalar bytes. Attention's weighted sum of values, one
- * call per run of cached positions. */
-typedef void (*sb_axpy_fn)(int64_t n, int64_t nr, const float *a, const float *x, size_t x_stride, float *y);
+ * x rows of the table's type (F32, or F16 widened exactly), each multiply
+ * and add rounded separately (never fused), so every level gives the scalar
+ * bytes. Attention's weighted sum of values, one call per run of cached
+ * positions. x_stride counts elements. */
+typedef void (*sb_axpy_fn)(int64_t n, int64_t nr, const float *a, const void *x, size_t x_stride, float *y);
 
 /* dst row r = src row r, for nr rows of n floats (src contiguous, dst rows
- * dst_stride floats apart), written around the caches where the level can
- * (streaming stores, for rows 64-byte aligned), and visible to every thread
- * once the call returns. New keys and values going into the KV cache: a
- * normal store first reads each cold line it fills. */
-typedef void (*sb_store_rows_fn)(int64_t n, int64_t nr, const float *src, float *dst, size_t dst_stride);
+ * dst_stride elements apart) in the table's type (F32; F16 rounded to
+ * nearest even, as F16C and llama.cpp's F32 -> F16 copy), written around the
+ * caches where the level can (F32: streaming stores, for rows 64-byte
+ * aligned), and visible to every thread once the call returns. New keys and
+ * values going into the KV cache: a normal store first reads each cold line
+ * it fills. */
+typedef void (*sb_store_rows_fn)(int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride);
 
 /* gate[i] = silu(gate[i]) * up[i] for i < n, F32, silu(x) = x / (1 + e^-x)
  * with e^-x as llama.cpp's AVX-512 backend computes it (ggml_v_expf), the
@@ -173,8 +176,8 @@ typedef struct sb_packing {
 
 typedef struct sb_kernels {
     sb_cpu_level level;
-    sb_axpy_fn axpy;
-    sb_store_rows_fn store_rows;
+    sb_axpy_fn axpy[SB_TYPE_COUNT];             /* by row type: the KV cache's, F32 and F16 */
+    sb_store_rows_fn store_rows[SB_TYPE_COUNT]; /* by destination type: the KV cache's, F32 and F16 */
     sb_swiglu_fn swiglu;
     sb_gemm_fn gemm[SB_TYPE_COUNT];                 /* by weight type; NULL where the type has no vec_dot */
     sb_packing packing[SB_TYPE_COUNT];              /* by weight type */

@@ -40,9 +40,11 @@ static char *fixture_path(const char *name) {
     return strdup(sb_test_fixture(rel));
 }
 
-/* Runs `switchboard run ... --json` and returns its parsed output. */
-static cJSON *run_json(const char *model, const char *prompt, const char *n) {
-    const char *args[] = {"run", "-m", model, "-p", prompt, "-n", n, "--temp", "0", "--json", NULL};
+/* Runs `switchboard run ... --json` (with the KV cache in `cache_type`)
+ * and returns its parsed output. */
+static cJSON *run_json(const char *model, const char *prompt, const char *n, const char *cache_type) {
+    const char *args[] = {"run", "-m", model, "-p", prompt, "-n", n, "--temp", "0", "--json", "--cache-type", cache_type,
+                          NULL};
     char *out, *err;
     int rc = sb_test_run_cli(args, &out, &err);
     if (rc != 0)
@@ -73,7 +75,7 @@ static void test_greedy_matches_llamacpp(void **state) {
             const char *prompt = cJSON_GetObjectItem(run, "prompt")->valuestring;
             int robust = cJSON_GetObjectItem(run, "robust_prefix")->valueint;
             cJSON *want = cJSON_GetObjectItem(run, "gen_ids");
-            cJSON *got = run_json(path, prompt, "64");
+            cJSON *got = run_json(path, prompt, "64", "f32");
             cJSON *prompt_ids = cJSON_GetObjectItem(got, "prompt_ids");
             assert_true(cJSON_Compare(prompt_ids, cJSON_GetObjectItem(run, "prompt_ids"), true));
             int same = count_equal_prefix(cJSON_GetObjectItem(got, "gen_ids"), want);
@@ -94,10 +96,26 @@ static void test_llama2c_story(void **state) {
     cJSON *ref = cJSON_GetObjectItem(
         cJSON_GetObjectItem(cJSON_GetObjectItem(expected, "models"), "stories260K.gguf"), "llama2c_reference");
     char *path = fixture_path("stories260K.gguf");
-    cJSON *got = run_json(path, "", "200");
+    cJSON *got = run_json(path, "", "200", "f32");
     assert_true(cJSON_Compare(cJSON_GetObjectItem(got, "gen_ids"), cJSON_GetObjectItem(ref, "gen_ids"), true));
     assert_string_equal(cJSON_GetObjectItem(got, "text")->valuestring, cJSON_GetObjectItem(ref, "text")->valuestring);
     cJSON_Delete(got);
+    free(path);
+}
+
+/* An F16 KV cache: stories260K's greedy tokens stay llama.cpp's (with an
+ * F16 cache llama.cpp's own 200 tokens do not change either, models/README). */
+static void test_f16_cache_greedy(void **state) {
+    (void)state;
+    cJSON *model = cJSON_GetObjectItem(cJSON_GetObjectItem(expected, "models"), "stories260K.gguf");
+    char *path = fixture_path("stories260K.gguf");
+    cJSON *run;
+    cJSON_ArrayForEach(run, cJSON_GetObjectItem(model, "runs")) {
+        const char *prompt = cJSON_GetObjectItem(run, "prompt")->valuestring;
+        cJSON *got = run_json(path, prompt, "64", "f16");
+        assert_true(cJSON_Compare(cJSON_GetObjectItem(got, "gen_ids"), cJSON_GetObjectItem(run, "gen_ids"), true));
+        cJSON_Delete(got);
+    }
     free(path);
 }
 
@@ -222,7 +240,7 @@ static void test_gen_model_runs(void **state) {
         assert_int_equal(sb_test_run_cli(gen, &out, &err), 0);
         free(out);
         free(err);
-        cJSON *j = run_json(path, "hello world", "16");
+        cJSON *j = run_json(path, "hello world", "16", "f32");
         int n = cJSON_GetArraySize(cJSON_GetObjectItem(j, "gen_ids"));
         const char *stop = cJSON_GetObjectItem(j, "stop")->valuestring;
         assert_true(n == 16 || (n < 16 && strcmp(stop, "eos") == 0));
@@ -234,6 +252,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_matches_llamacpp),
         cmocka_unit_test(test_llama2c_story),
+        cmocka_unit_test(test_f16_cache_greedy),
         cmocka_unit_test(test_info_every_fixture),
         cmocka_unit_test(test_run_errors),
         cmocka_unit_test(test_command_help),

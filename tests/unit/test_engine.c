@@ -118,11 +118,14 @@ static void run_all(const sb_engine_params *ep, int n_req, result *results, sb_e
     sb_engine_free(e);
 }
 
-static void test_batched_equals_alone(void **state) {
-    (void)state;
+/* Each request's greedy tokens are the same alone, batched with 15 others,
+ * and batched into a cache too small for all of them (preempted, resumed),
+ * with the KV cache in F32 and in F16. */
+static void batched_equals_alone(sb_cache_type cache_type) {
     enum { N = 16 };
     static result alone[N], together[N], squeezed[N];
     sb_engine_params ep = sb_engine_default_params();
+    ep.cache_type = cache_type;
     ep.n_ctx = 512;
     ep.n_threads = 2;
     ep.n_parallel = 1;
@@ -154,6 +157,12 @@ static void test_batched_equals_alone(void **state) {
         assert_memory_equal(alone[i].tokens, squeezed[i].tokens, (size_t)alone[i].n * sizeof(int32_t));
         assert_int_equal(alone[i].text_len, together[i].text_len);
     }
+}
+
+static void test_batched_equals_alone(void **state) {
+    (void)state;
+    batched_equals_alone(SB_CACHE_F32);
+    batched_equals_alone(SB_CACHE_F16);
 }
 
 static void test_prefix_computed_once(void **state) {

@@ -383,16 +383,23 @@ static void test_act_matches_scalar(void **state) {
     assert_int_equal(failures, 0);
 }
 
-/* The weighted sum of rows: every level gives the scalar bytes, for row
- * lengths around the vector widths and the 4-vector stride, runs of 1 to
- * 40 rows with a gap between them, and values whose products round. */
+/* The KV cache's element types, which axpy and store_rows serve. */
+static const sb_type kv_types[] = {SB_TYPE_F32, SB_TYPE_F16};
+
+/* The weighted sum of rows (F32 and F16 rows): every level gives the scalar
+ * bytes, for row lengths around the vector widths and the 4-vector stride,
+ * runs of 1 to 40 rows with a gap between them, and values whose products
+ * round. */
 static void test_axpy_matches_scalar(void **state) {
     (void)state;
     static const int64_t ns[] = {1, 7, 8, 16, 31, 64, 65, 80, 128, 200};
-    enum { MAXN = 200, MAXR = 40, GAP = 3 };
-    float *x = malloc(sizeof(float) * MAXR * (MAXN + GAP)), a[MAXR], y0[MAXN], y1[MAXN], start[MAXN];
-    for (int i = 0; i < MAXR * (MAXN + GAP); i++)
-        x[i] = rng_unit() * ldexpf(1.0f, (int)rng_below(20) - 10);
+    enum { MAXN = 200, MAXR = 40, GAP = 3, NX = MAXR * (MAXN + GAP) };
+    float *xf = malloc(sizeof(float) * NX), a[MAXR], y0[MAXN], y1[MAXN], start[MAXN];
+    uint16_t *xh = malloc(sizeof(uint16_t) * NX);
+    for (int i = 0; i < NX; i++) {
+        xf[i] = rng_unit() * ldexpf(1.0f, (int)rng_below(20) - 10);
+        xh[i] = sb_fp32_to_fp16(xf[i]);
+    }
     for (int r = 0; r < MAXR; r++)
         a[r] = rng_unit();
     for (int i = 0; i < MAXN; i++)
@@ -400,53 +407,70 @@ static void test_axpy_matches_scalar(void **state) {
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     int failures = 0;
     const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
-    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++) {
-        const sb_kernels *k = simd[l];
-        for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++)
-            for (int64_t nr = 1; nr <= MAXR; nr += nr < 4 ? 1 : 9) {
-                const int64_t n = ns[c];
-                memcpy(y0, start, sizeof(y0));
-                memcpy(y1, start, sizeof(y1));
-                ref->axpy(n, nr, a, x, (size_t)(n + GAP), y0);
-                k->axpy(n, nr, a, x, (size_t)(n + GAP), y1);
-                if (memcmp(y0, y1, sizeof(y0)) != 0) {
-                    print_error("%s axpy n=%lld rows=%lld differs from scalar\n", sb_cpu_level_name(k->level),
-                                (long long)n, (long long)nr);
-                    failures++;
+    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++)
+        for (size_t t = 0; t < sizeof(kv_types) / sizeof(kv_types[0]); t++) {
+            const sb_kernels *k = simd[l];
+            const sb_type type = kv_types[t];
+            const void *x = type == SB_TYPE_F16 ? (const void *)xh : (const void *)xf;
+            for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++)
+                for (int64_t nr = 1; nr <= MAXR; nr += nr < 4 ? 1 : 9) {
+                    const int64_t n = ns[c];
+                    memcpy(y0, start, sizeof(y0));
+                    memcpy(y1, start, sizeof(y1));
+                    ref->axpy[type](n, nr, a, x, (size_t)(n + GAP), y0);
+                    k->axpy[type](n, nr, a, x, (size_t)(n + GAP), y1);
+                    if (memcmp(y0, y1, sizeof(y0)) != 0) {
+                        print_error("%s axpy %s n=%lld rows=%lld differs from scalar\n", sb_cpu_level_name(k->level),
+                                    sb_type_traits_of(type)->name, (long long)n, (long long)nr);
+                        failures++;
+                    }
                 }
-            }
-    }
-    free(x);
+        }
+    free(xf);
+    free(xh);
     assert_int_equal(failures, 0);
 }
 
-/* Rows copied into a strided destination: the same bytes at every level,
- * with aligned rows (streamed) and unaligned ones, and nothing between the
- * rows written. */
+/* Rows stored into a strided destination (F32, and F16 rounded to nearest
+ * even): the same bytes at every level, with aligned rows (streamed) and
+ * unaligned ones, and nothing between the rows written. */
 static void test_store_rows_matches_scalar(void **state) {
     (void)state;
-    enum { MAXN = 128, NR = 5, STRIDE = 3 * MAXN };
+    enum { MAXN = 128, NR = 5, STRIDE = 3 * MAXN, BYTES = 4 * (STRIDE * NR + 16) };
     float *src = malloc(sizeof(float) * MAXN * NR);
-    float *mem0 = aligned_alloc(64, sizeof(float) * (STRIDE * NR + 16));
-    float *mem1 = aligned_alloc(64, sizeof(float) * (STRIDE * NR + 16));
+    uint8_t *mem0 = aligned_alloc(64, BYTES), *mem1 = aligned_alloc(64, BYTES);
     for (int i = 0; i < MAXN * NR; i++)
-        src[i] = rng_unit();
+        src[i] = rng_unit() * ldexpf(1.0f, (int)rng_below(40) - 20);
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     static const int64_t ns[] = {1, 8, 16, 64, 80, 128};
     const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
-    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++) {
-        const sb_kernels *k = simd[l];
-        for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++)
-            for (int misalign = 0; misalign <= 1; misalign++) {
-                const size_t stride = misalign ? STRIDE + 1 : STRIDE;
-                memset(mem0, 0x5a, sizeof(float) * (STRIDE * NR + 16));
-                memset(mem1, 0x5a, sizeof(float) * (STRIDE * NR + 16));
-                ref->store_rows(ns[c], NR, src, mem0 + misalign, stride);
-                k->store_rows(ns[c], NR, src, mem1 + misalign, stride);
-                assert_memory_equal(mem0, mem1, sizeof(float) * (STRIDE * NR + 16));
-                assert_memory_equal(mem1 + misalign + stride, src + ns[c], sizeof(float) * (size_t)ns[c]);
-            }
-    }
+    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++)
+        for (size_t t = 0; t < sizeof(kv_types) / sizeof(kv_types[0]); t++) {
+            const sb_kernels *k = simd[l];
+            const sb_type type = kv_types[t];
+            const size_t es = sb_type_row_size(type, 1);
+            for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++)
+                for (int misalign = 0; misalign <= 1; misalign++) {
+                    const size_t stride = misalign ? STRIDE + 1 : STRIDE;
+                    memset(mem0, 0x5a, BYTES);
+                    memset(mem1, 0x5a, BYTES);
+                    ref->store_rows[type](ns[c], NR, src, mem0 + misalign * es, stride);
+                    k->store_rows[type](ns[c], NR, src, mem1 + misalign * es, stride);
+                    assert_memory_equal(mem0, mem1, BYTES);
+                    /* Row 1 holds src's row 1, converted. */
+                    for (int64_t i = 0; i < ns[c]; i++) {
+                        const uint8_t *e = mem1 + (misalign + stride + (size_t)i) * es;
+                        const float v = src[ns[c] + i];
+                        if (type == SB_TYPE_F16) {
+                            uint16_t h;
+                            memcpy(&h, e, sizeof(h));
+                            assert_int_equal(h, sb_fp32_to_fp16(v));
+                        } else {
+                            assert_memory_equal(e, &v, sizeof(v));
+                        }
+                    }
+                }
+        }
     free(src);
     free(mem0);
     free(mem1);

@@ -1194,7 +1194,9 @@ static void act_bf16(const float *src, void *dst, int64_t n) {
  * tensor-impl.h keeps the tail loop unfused too). Each element sees the
  * rows in order, as in the reference. */
 #define AX_FMA_SEP(acc, a, x) vf_add(acc, vf_mul(vf_set1(a), x))
-static void axpy_f32(int64_t n, int64_t nr, const float *a, const float *x, size_t xs, float *y) {
+SBX_ALWAYS void axpy_rows(fmt f, int64_t n, int64_t nr, const float *a, const void *xv, size_t xs, float *y) {
+    const uint8_t *x = xv;
+    const size_t es = f == F_F16 ? 2 : 4, row = xs * es;
     int64_t i = 0;
     for (; i + 4 * VW <= n; i += 4 * VW) {
         vf acc[4];
@@ -1202,28 +1204,37 @@ static void axpy_f32(int64_t n, int64_t nr, const float *a, const float *x, size
             acc[k] = vf_loadu(y + i + k * VW);
         for (int64_t r = 0; r < nr; r++)
             SBX_UNROLL for (int k = 0; k < 4; k++)
-                acc[k] = AX_FMA_SEP(acc[k], a[r], vf_loadu(x + (size_t)r * xs + (size_t)(i + k * VW)));
+                acc[k] = AX_FMA_SEP(acc[k], a[r], vf_load(f, x + (size_t)r * row + (size_t)(i + k * VW) * es));
         SBX_UNROLL for (int k = 0; k < 4; k++)
             vf_storeu(y + i + k * VW, acc[k]);
     }
     for (; i + VW <= n; i += VW) {
         vf acc = vf_loadu(y + i);
         for (int64_t r = 0; r < nr; r++)
-            acc = AX_FMA_SEP(acc, a[r], vf_loadu(x + (size_t)r * xs + (size_t)i));
+            acc = AX_FMA_SEP(acc, a[r], vf_load(f, x + (size_t)r * row + (size_t)i * es));
         vf_storeu(y + i, acc);
     }
     for (; i < n; i++)
         for (int64_t r = 0; r < nr; r++)
-            y[i] += a[r] * x[(size_t)r * xs + (size_t)i];
+            y[i] += a[r] * f_get(f, x + (size_t)r * row, i);
 }
 #undef AX_FMA_SEP
+
+static void axpy_f32(int64_t n, int64_t nr, const float *a, const void *x, size_t xs, float *y) {
+    axpy_rows(F_F32, n, nr, a, x, xs, y);
+}
+
+static void axpy_f16(int64_t n, int64_t nr, const float *a, const void *x, size_t xs, float *y) {
+    axpy_rows(F_F16, n, nr, a, x, xs, y);
+}
 
 /* ---- store_rows ---- */
 
 /* Whole vectors of 64-byte aligned rows go out as streaming stores (no
  * read of the line first); the fence orders them before the call returns
  * (the pool's hand-over to the next loop then publishes them). */
-static void store_rows_f32(int64_t n, int64_t nr, const float *src, float *dst, size_t dst_stride) {
+static void store_rows_f32(int64_t n, int64_t nr, const float *src, void *dstv, size_t dst_stride) {
+    float *dst = dstv;
     const bool stream = n % VW == 0 && ((uintptr_t)dst | dst_stride * sizeof(float)) % 64 == 0;
     for (int64_t r = 0; r < nr; r++, src += n, dst += dst_stride) {
         if (!stream) {
@@ -1238,6 +1249,13 @@ static void store_rows_f32(int64_t n, int64_t nr, const float *src, float *dst, 
 #endif
     }
     _mm_sfence();
+}
+
+/* F16 rows are converted on the way (the streaming path would need whole
+ * lines of converted data; the cache holds half the bytes anyway). */
+static void store_rows_f16(int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride) {
+    for (int64_t r = 0; r < nr; r++)
+        act_f16(src + (size_t)r * (size_t)n, (uint16_t *)dst + (size_t)r * dst_stride, n);
 }
 
 /* ---- swiglu ---- */
@@ -1282,8 +1300,10 @@ static void swiglu_f32(int64_t n, float *gate, const float *up) {
 }
 
 void SBX_FILL(sb_kernels *k) {
-    k->axpy = axpy_f32;
-    k->store_rows = store_rows_f32;
+    k->axpy[SB_TYPE_F32] = axpy_f32;
+    k->axpy[SB_TYPE_F16] = axpy_f16;
+    k->store_rows[SB_TYPE_F32] = store_rows_f32;
+    k->store_rows[SB_TYPE_F16] = store_rows_f16;
     k->swiglu = swiglu_f32;
     k->gemm[SB_TYPE_F32] = gemm_f32;
     k->gemm[SB_TYPE_F16] = gemm_f16;
