@@ -2,13 +2,19 @@
  * threadpool.c - see threadpool.h.
  *
  * A loop is published as (fn, arg, n_chunks) under a sequence counter
- * (odd while the caller writes them, a seqlock), plus a 64-bit claim word
- * holding the loop's generation in its high half and the next chunk in its
- * low half. A worker takes a consistent copy of the loop, then claims with a
+ * (odd while the caller writes them, a seqlock), plus one claim word per
+ * thread's range of chunks, each on its own cache line, holding the loop's
+ * generation in its high half and the range's next chunk in its low half. A
+ * worker takes a consistent copy of the loop, then claims with a
  * compare-and-swap that also checks the generation, so a worker descheduled
  * anywhere in between can never run a chunk of a later loop with an earlier
- * loop's function, or the reverse. The caller waits for the `done` count to
- * reach n_chunks, after which the loop's memory may be reused.
+ * loop's function, or the reverse. A thread claims down its own range (a
+ * line no other thread touches while it keeps up), then down the others';
+ * it adds the chunks it ran to `done` once, when nothing is left to claim.
+ * The caller waits for `done` to reach n_chunks, after which the loop's
+ * memory may be reused. One shared counter for claims and one for completions
+ * cost two contended cache-line transfers per chunk (about 0.1 ms of each
+ * 5 ms step at 8 streams, where steps have ~3000 chunks).
  *
  * When another process takes a core, a worker that shares it runs its
  * chunks at a fraction of the speed and the caller ends every loop waiting
@@ -55,6 +61,11 @@ typedef struct worker {
     int ith;
 } worker;
 
+/* A thread's range of the current loop's chunks: (generation << 32) | next. */
+typedef struct range {
+    _Alignas(64) _Atomic uint64_t claim;
+} range;
+
 struct sb_threadpool {
     int n_threads;
     worker *workers; /* n_threads - 1 */
@@ -63,8 +74,9 @@ struct sb_threadpool {
     _Atomic(sb_chunk_fn) fn;
     _Atomic(void *) arg;
     _Atomic int64_t n_chunks;
-    _Atomic uint64_t claim; /* (generation << 32) | next chunk */
-    _Atomic int64_t done;
+    range *ranges;       /* n_threads, in ranges_mem */
+    void *ranges_mem;
+    _Alignas(64) _Atomic int64_t done; /* chunks finished, added by each thread once per loop */
 
     _Atomic uint32_t seq; /* 2 * generation, odd while a loop is written */
     atomic_bool stop;
@@ -82,22 +94,35 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Claims and runs chunks of loop `gen` until none is left. */
+/* First chunk of thread t's range: the ranges split the loop evenly, in order. */
+static int64_t range_begin(int64_t n_chunks, int t, int n_threads) { return n_chunks * t / n_threads; }
+
+/* Claims and runs chunks of loop `gen` until none is left, down thread
+ * ith's range first and then the others', and adds how many it ran to done. */
 static void run_chunks(sb_threadpool *tp, uint32_t gen, sb_chunk_fn fn, void *arg, int64_t n_chunks, int ith) {
-    uint64_t cur = atomic_load_explicit(&tp->claim, memory_order_acquire);
-    for (;;) {
-        if ((uint32_t)(cur >> 32) != gen)
-            return;
-        int64_t chunk = (int64_t)(cur & 0xffffffffu);
-        if (chunk >= n_chunks)
-            return;
-        if (!atomic_compare_exchange_weak_explicit(&tp->claim, &cur, cur + 1, memory_order_acq_rel,
-                                                   memory_order_acquire))
-            continue;
-        fn(arg, chunk, ith);
-        atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
-        cur = atomic_load_explicit(&tp->claim, memory_order_acquire);
+    const int n_threads = tp->n_threads;
+    int64_t ran = 0;
+    for (int k = 0; k < n_threads; k++) {
+        const int t = (ith + k) % n_threads;
+        const int64_t end = range_begin(n_chunks, t + 1, n_threads);
+        _Atomic uint64_t *claim = &tp->ranges[t].claim;
+        uint64_t cur = atomic_load_explicit(claim, memory_order_acquire);
+        for (;;) {
+            if ((uint32_t)(cur >> 32) != gen) /* a stale copy of an ended loop: it ran nothing */
+                return;
+            int64_t chunk = (int64_t)(cur & 0xffffffffu);
+            if (chunk >= end)
+                break;
+            if (!atomic_compare_exchange_weak_explicit(claim, &cur, cur + 1, memory_order_acq_rel,
+                                                       memory_order_acquire))
+                continue;
+            fn(arg, chunk, ith);
+            ran++;
+            cur = atomic_load_explicit(claim, memory_order_acquire);
+        }
     }
+    if (ran > 0)
+        atomic_fetch_add_explicit(&tp->done, ran, memory_order_release);
 }
 
 /* A new, completely written sequence number (even and not `seen`). */
@@ -139,6 +164,12 @@ sb_status sb_threadpool_create(int n_threads, sb_threadpool **out, sb_error *err
     if (!tp)
         return sb_fail(err, SB_ERR_NOMEM, "out of memory");
     tp->n_threads = 1;
+    tp->ranges_mem = sb_calloc((size_t)n_threads + 1, sizeof(range));
+    if (!tp->ranges_mem) {
+        sb_free(tp);
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    }
+    tp->ranges = (range *)sb_align_up((uintptr_t)tp->ranges_mem, sizeof(range));
     pthread_mutex_init(&tp->lock, NULL);
     pthread_cond_init(&tp->wake, NULL);
     if (n_threads > 1) {
@@ -173,7 +204,10 @@ static uint32_t publish(sb_threadpool *tp, sb_chunk_fn fn, void *arg, int64_t n_
     atomic_store_explicit(&tp->arg, arg, memory_order_relaxed);
     atomic_store_explicit(&tp->n_chunks, n_chunks, memory_order_relaxed);
     atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
-    atomic_store_explicit(&tp->claim, (uint64_t)gen << 32, memory_order_relaxed);
+    for (int t = 0; t < tp->n_threads; t++)
+        atomic_store_explicit(&tp->ranges[t].claim,
+                              (uint64_t)gen << 32 | (uint64_t)range_begin(n_chunks, t, tp->n_threads),
+                              memory_order_relaxed);
     pthread_mutex_lock(&tp->lock);
     atomic_store_explicit(&tp->seq, seq + 2, memory_order_release);
     pthread_cond_broadcast(&tp->wake);
@@ -191,6 +225,7 @@ void sb_threadpool_free(sb_threadpool *tp) {
     pthread_mutex_destroy(&tp->lock);
     pthread_cond_destroy(&tp->wake);
     sb_free(tp->workers);
+    sb_free(tp->ranges_mem);
     sb_free(tp);
 }
 

@@ -2,10 +2,11 @@
  * threadpool.h - a persistent pool of worker threads for data-parallel
  * loops: matrix products, attention, activation quantization.
  *
- * Work is a loop of n chunks; threads claim chunks one at a time from a
- * shared counter, so a thread that the OS deschedules (a busy neighbour on a
- * shared machine) delays the loop by at most the chunk it holds, not by a
- * fixed share of the work. The loop is finished when every chunk is done,
+ * Work is a loop of n chunks, split into one range of adjacent chunks per
+ * thread; a thread claims chunks one at a time down its own range, in
+ * order, then down the others' ranges, so a thread that the OS deschedules
+ * (a busy neighbour on a shared machine) delays the loop by at most the
+ * chunk it holds, not by a fixed share of the work. The loop is finished when every chunk is done,
  * not when every thread has checked in: a worker that wakes up late finds
  * nothing left and goes back to waiting. Idle workers spin briefly (the next
  * loop of a forward pass follows within microseconds) and then sleep.
