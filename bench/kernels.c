@@ -87,7 +87,14 @@ int main(int argc, char **argv) {
         if (argc > 4 && !strstr(argv[4], sb_type_traits_of(type)->name))
             continue;
         const sb_type_traits *t = sb_type_traits_of(type), *xt = sb_type_traits_of(t->vec_dot_type);
-        const size_t ws = sb_type_row_size(type, n), xs = sb_type_row_size(t->vec_dot_type, n);
+        const size_t ws = sb_type_row_size(type, n), x_plain = sb_type_row_size(t->vec_dot_type, n);
+        /* Room for a packed layout's terms after each activation row. */
+        size_t xs = x_plain;
+        for (int lv = 0; lv < SB_CPU_LEVEL_COUNT; lv++) {
+            const sb_kernels *k = sb_kernels_for((sb_cpu_level)lv);
+            const size_t row = x_plain + (k ? (size_t)(n / t->blck_size) * k->packing[type].term_bytes : 0);
+            xs = row > xs ? row : xs;
+        }
         const size_t mat = ws * (size_t)nr;
         const size_t copies = cold_bytes / mat > 1 ? cold_bytes / mat : 2;
         uint8_t *wf = malloc(mat * copies), *x = malloc(xs * (size_t)nt);
@@ -121,6 +128,8 @@ int main(int argc, char **argv) {
             }
             for (size_t c = 0; packed && c < copies; c++)
                 k->packing[type].pack(wf + c * mat, w + c * mat, n, nr);
+            for (int64_t tk = 0; packed && k->packing[type].terms && tk < nt; tk++)
+                k->packing[type].terms(x + (size_t)tk * xs, n, x + (size_t)tk * xs + x_plain);
             /* Packed calls start at a group. */
             const int64_t chunk = packed ? (chunk_rows + k->packing[type].rows - 1) / k->packing[type].rows *
                                                k->packing[type].rows

@@ -15,10 +15,17 @@
 #include "tensor/tensor.h"
 #include "tensor/threadpool.h"
 
-size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok) {
+/* Bytes of one converted activation row: the vec_dot_type row, then the
+ * packed gemm's terms when the matrices are packed. */
+static size_t act_row_size(sb_type type, int64_t n_in, bool packed) {
     const sb_type_traits *t = sb_type_traits_of(type);
-    assert(t && t->vec_dot && n_tok >= 0);
-    return sb_type_row_size(t->vec_dot_type, n_in) * (size_t)n_tok;
+    const sb_packing *p = &sb_kernels_active()->packing[type];
+    return sb_type_row_size(t->vec_dot_type, n_in) + (packed ? (size_t)(n_in / t->blck_size) * p->term_bytes : 0);
+}
+
+size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok) {
+    assert(sb_type_traits_of(type) && sb_type_traits_of(type)->vec_dot && n_tok >= 0);
+    return act_row_size(type, n_in, sb_kernels_active()->packing[type].rows > 0) * (size_t)n_tok;
 }
 
 typedef struct matmul_part {
@@ -31,7 +38,8 @@ typedef struct matmul_part {
 
 typedef struct matmul_job {
     sb_from_float_fn convert;
-    size_t x_row;
+    void (*terms)(const void *x, int64_t n, void *dst); /* the packed gemm's, or NULL */
+    size_t x_row, x_plain;                              /* converted row; its vec_dot_type part */
     int64_t n_in, n_tok;
     const float *x;
     char *xq;
@@ -42,7 +50,10 @@ typedef struct matmul_job {
 static void convert_row(void *arg, int64_t tok, int ith) {
     (void)ith;
     const matmul_job *j = arg;
-    j->convert(j->x + tok * j->n_in, j->xq + (size_t)tok * j->x_row, j->n_in);
+    char *row = j->xq + (size_t)tok * j->x_row;
+    j->convert(j->x + tok * j->n_in, row, j->n_in);
+    if (j->terms)
+        j->terms(row, j->n_in, row + j->x_plain);
 }
 
 /* Chunk `chunk`'s rows. The pool gives each thread a range of adjacent
@@ -91,15 +102,27 @@ void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t 
     assert(n >= 1 && n <= SB_MATMUL_MAX);
     const sb_kernels *k = sb_kernels_active();
     const sb_type act = sb_type_traits_of(dst[0].type)->vec_dot_type;
-    for (int i = 1; i < n; i++)
-        if (sb_type_traits_of(dst[i].type)->vec_dot_type != act) {
-            for (int m = 0; m < n; m++)
-                sb_matmul_many(tp, &dst[m], 1, n_in, x, n_tok, work);
-            return;
+    /* One activation format for all: the same vec_dot_type, and packed
+     * matrices of one type (their terms follow every row). */
+    int packed_type = -1;
+    bool one_format = true;
+    for (int i = 0; i < n; i++) {
+        one_format = one_format && sb_type_traits_of(dst[i].type)->vec_dot_type == act;
+        if (dst[i].packed && k->packing[dst[i].type].terms) {
+            one_format = one_format && (packed_type < 0 || packed_type == (int)dst[i].type);
+            packed_type = (int)dst[i].type;
         }
+    }
+    if (!one_format) {
+        for (int m = 0; m < n; m++)
+            sb_matmul_many(tp, &dst[m], 1, n_in, x, n_tok, work);
+        return;
+    }
     matmul_job j = {
         .convert = k->act_from_float[act],
-        .x_row = sb_type_row_size(act, n_in),
+        .terms = packed_type >= 0 ? k->packing[packed_type].terms : NULL,
+        .x_row = packed_type >= 0 ? act_row_size((sb_type)packed_type, n_in, true) : sb_type_row_size(act, n_in),
+        .x_plain = sb_type_row_size(act, n_in),
         .n_in = n_in,
         .n_tok = n_tok,
         .x = x,

@@ -167,11 +167,16 @@ typedef void (*sb_swiglu_fn)(int64_t n, float *gate, const float *up);
  * Matrices are converted once, when a model loads; the packed copy has the
  * unpacked size (group g starts at g * rows * row size), and `gemm`, given
  * packed rows from the start of a group (nr a multiple of `rows`, w_stride
- * the unpacked row size), writes the bytes gemm[type] writes for them. */
+ * the unpacked row size), writes the bytes gemm[type] writes for them.
+ * Its activation rows are the vec_dot_type row followed by term_bytes per
+ * block that `terms` derives from it: per-token terms that every chunk of
+ * rows would otherwise recompute, worked out once per call. */
 typedef struct sb_packing {
     int32_t rows; /* 0: none for this type */
     void (*pack)(const void *src, void *dst, int64_t n_in, int64_t n_out); /* n_out % rows == 0 */
     sb_gemm_fn gemm;
+    size_t term_bytes; /* per block of the activation row */
+    void (*terms)(const void *x, int64_t n, void *dst); /* x: one activation row of n elements */
 } sb_packing;
 
 typedef struct sb_kernels {

@@ -142,25 +142,31 @@ static int simd_levels(const sb_kernels *out[SB_CPU_LEVEL_COUNT]) {
 
 
 /* k's gemm for the type, or with `packed` its packed layout's (weights
- * packed from contiguous rows), against the scalar gemm on the rows. */
+ * packed from contiguous rows, activation rows followed by the layout's
+ * terms), against the scalar gemm on the rows. */
 static bool check_gemm_as(const sb_kernels *k, const sb_kernels *ref, sb_type type, bool packed, int64_t n, int64_t nr,
                           int64_t nt) {
     const sb_type xt = sb_type_traits_of(type)->vec_dot_type;
+    const sb_packing *p = &k->packing[type];
+    const size_t x_plain = row_size(xt, n);
+    const size_t terms = packed ? (size_t)(n / sb_type_traits_of(type)->blck_size) * p->term_bytes : 0;
     /* Odd strides: rows not aligned, and a gap between them (packing takes
      * contiguous rows). */
-    const size_t ws = row_size(type, n) + (packed ? 0 : 3), xs = row_size(xt, n) + 5, ldy = (size_t)nr + 2;
+    const size_t ws = row_size(type, n) + (packed ? 0 : 3), xs = x_plain + terms + 5, ldy = (size_t)nr + 2;
     uint8_t *w = malloc(ws * (size_t)nr + 1), *x = malloc(xs * (size_t)nt + 1);
     uint8_t *wp = packed ? malloc(ws * (size_t)nr) : NULL;
     const size_t ny = ldy * (size_t)nt;
     float *y0 = malloc(ny * sizeof(float)), *y1 = malloc(ny * sizeof(float));
     fill_rows(type, false, n, nr, w + 1, ws);
     fill_rows(xt, true, n, nt, x + 1, xs);
+    for (int64_t t = 0; packed && p->terms && t < nt; t++)
+        p->terms(x + 1 + (size_t)t * xs, n, x + 1 + (size_t)t * xs + x_plain);
     memset(y0, 0x5a, ny * sizeof(float));
     memset(y1, 0x5a, ny * sizeof(float)); /* the gaps must stay untouched */
     ref->gemm[type](n, w + 1, ws, nr, x + 1, xs, nt, y0, ldy);
     if (packed) {
-        k->packing[type].pack(w + 1, wp, n, nr);
-        k->packing[type].gemm(n, wp, ws, nr, x + 1, xs, nt, y1, ldy);
+        p->pack(w + 1, wp, n, nr);
+        p->gemm(n, wp, ws, nr, x + 1, xs, nt, y1, ldy);
     } else {
         k->gemm[type](n, w + 1, ws, nr, x + 1, xs, nt, y1, ldy);
     }

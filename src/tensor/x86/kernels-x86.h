@@ -907,26 +907,38 @@ SBX_ALWAYS void qb_tile(bool packed, int T, int64_t nb, const uint8_t *w, size_t
     }
 }
 
-/* Row r of a packed group times a Q8_0 row, the reference's way, block by
- * block rebuilt in the file's layout (the out-of-memory fallback). */
-SBX_ALWAYS float qb_packed_dot(const uint8_t *group, int64_t nb, int r, const uint8_t *x) {
-    uint8_t blk[sizeof(sb_block_q4_0)];
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++) {
-        memcpy(blk, group + (size_t)nb * QB_PACKED_Q + (size_t)b * QB_PACKED_D + 2 * r, 2);
-        for (int i = 0; i < SB_QK / 2; i++)
-            blk[2 + i] = group[(size_t)b * QB_PACKED_Q + 64 * (i / 4) + 4 * r + i % 4];
-        acc = sb__q4_0_block_fma(blk, x + (size_t)b * sizeof(sb_block_q8_0), acc);
+/* Tiles of QB_R rows outer, passes of QB_T tokens inner, so a tile's rows
+ * are read from memory once per call; xc: the tokens' prepared terms, xcs
+ * apart. */
+SBX_ALWAYS void qb_tiles(bool packed, int64_t nb, const uint8_t *w, size_t ws, int64_t nr, const uint8_t *x,
+                         size_t xs, const uint8_t *xc, size_t xcs, int64_t nt, float *y, size_t ldy) {
+    for (int64_t r = 0; r < nr; r += QB_R) {
+        const int rows = nr - r < QB_R ? (int)(nr - r) : QB_R;
+        for (int64_t t = 0; t < nt; t += QB_T) {
+            const uint8_t *wr = w + (size_t)r * ws, *xt = x + (size_t)t * xs, *xct = xc + (size_t)t * xcs;
+            float *yt = y + (size_t)t * ldy + (size_t)r;
+            const uint8_t *pf = t == 0 ? w + (size_t)(r + QB_R) * ws : NULL;
+            switch (nt - t < QB_T ? nt - t : QB_T) {
+            case 1: qb_tile(packed, 1, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            case 2: qb_tile(packed, 2, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            case 3: qb_tile(packed, 3, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+#if QB_T > 4
+            case 4: qb_tile(packed, 4, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            case 5: qb_tile(packed, 5, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            case 6: qb_tile(packed, 6, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            case 7: qb_tile(packed, 7, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+#endif
+            default: qb_tile(packed, QB_T, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            }
+        }
     }
-    return acc;
 }
 
-/* Tokens in groups whose prepared terms stay in L2; tiles of QB_R rows
- * outer, passes of QB_T tokens inner, so a tile's rows are read from memory
- * once per group. Without scratch (out of memory) it falls back to the
- * reference, which gives the same bytes (packed: on rows unpacked again). */
-SBX_ALWAYS void qb_gemm(bool packed, int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv, size_t xs,
-                        int64_t nt, float *y, size_t ldy) {
+/* Unpacked rows: the tokens' terms are prepared into scratch, in groups
+ * that stay in L2. Without scratch (out of memory) it falls back to the
+ * reference, which gives the same bytes. */
+static void gemm_q4_0(int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv, size_t xs, int64_t nt,
+                      float *y, size_t ldy) {
     const uint8_t *w = wv, *x = xv;
     const int64_t nb = n / SB_QK;
     const size_t xcs = (size_t)nb * QB_XB;
@@ -936,47 +948,28 @@ SBX_ALWAYS void qb_gemm(bool packed, int64_t n, const void *wv, size_t ws, int64
     if (!xc) {
         for (int64_t t = 0; t < nt; t++)
             for (int64_t r = 0; r < nr; r++)
-                y[t * ldy + r] = packed ? qb_packed_dot(w + r / QB_R * QB_R * ws, nb, (int)(r % QB_R), x + t * xs)
-                                        : sb__vec_dot_q4_0_q8_0_ref(n, w + r * ws, x + t * xs);
+                y[t * ldy + r] = sb__vec_dot_q4_0_q8_0_ref(n, w + r * ws, x + t * xs);
         return;
     }
     for (int64_t t0 = 0; t0 < nt; t0 += group) {
         const int64_t g = nt - t0 < group ? nt - t0 : group;
         for (int64_t t = 0; t < g; t++)
             qb_prepare(x + (size_t)(t0 + t) * xs, nb, xc + (size_t)t * xcs);
-        for (int64_t r = 0; r < nr; r += QB_R) {
-            const int rows = nr - r < QB_R ? (int)(nr - r) : QB_R;
-            for (int64_t t = 0; t < g; t += QB_T) {
-                const uint8_t *wr = w + (size_t)r * ws, *xt = x + (size_t)(t0 + t) * xs, *xct = xc + (size_t)t * xcs;
-                float *yt = y + (size_t)(t0 + t) * ldy + (size_t)r;
-                const uint8_t *pf = t == 0 ? w + (size_t)(r + QB_R) * ws : NULL;
-                switch (g - t < QB_T ? g - t : QB_T) {
-                case 1: qb_tile(packed, 1, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-                case 2: qb_tile(packed, 2, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-                case 3: qb_tile(packed, 3, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-#if QB_T > 4
-                case 4: qb_tile(packed, 4, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-                case 5: qb_tile(packed, 5, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-                case 6: qb_tile(packed, 6, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-                case 7: qb_tile(packed, 7, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-#endif
-                default: qb_tile(packed, QB_T, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-                }
-            }
-        }
+        qb_tiles(false, nb, w, ws, nr, x + (size_t)t0 * xs, xs, xc, xcs, g, y + (size_t)t0 * ldy, ldy);
     }
 }
 
-static void gemm_q4_0(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
-                      float *y, size_t ldy) {
-    qb_gemm(false, n, w, ws, nr, x, xs, nt, y, ldy);
+#if SBX_AVX512
+/* Packed rows: every activation row carries its terms after its blocks
+ * (qb_terms, once per call), so a chunk of rows starts computing at once. */
+static void gemm_q4_0_packed(int64_t n, const void *w, size_t ws, int64_t nr, const void *xv, size_t xs, int64_t nt,
+                             float *y, size_t ldy) {
+    const uint8_t *x = xv;
+    const int64_t nb = n / SB_QK;
+    qb_tiles(true, nb, w, ws, nr, x, xs, x + (size_t)nb * sizeof(sb_block_q8_0), xs, nt, y, ldy);
 }
 
-#if SBX_AVX512
-static void gemm_q4_0_packed(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
-                             float *y, size_t ldy) {
-    qb_gemm(true, n, w, ws, nr, x, xs, nt, y, ldy);
-}
+static void qb_terms(const void *x, int64_t n, void *dst) { qb_prepare(x, n / SB_QK, dst); }
 
 /* Groups of 16 rows: per block the 4 vectors qb_transpose makes (dword j of
  * row r at byte 64j + 4r), then all blocks' 16 F16 scales. */
@@ -1310,7 +1303,8 @@ void SBX_FILL(sb_kernels *k) {
     k->gemm[SB_TYPE_BF16] = gemm_bf16;
     k->gemm[SB_TYPE_Q4_0] = gemm_q4_0;
 #if SBX_AVX512
-    k->packing[SB_TYPE_Q4_0] = (sb_packing){.rows = QB_R, .pack = pack_q4_0, .gemm = gemm_q4_0_packed};
+    k->packing[SB_TYPE_Q4_0] = (sb_packing){
+        .rows = QB_R, .pack = pack_q4_0, .gemm = gemm_q4_0_packed, .term_bytes = QB_XB, .terms = qb_terms};
 #endif
     k->gemm[SB_TYPE_Q4_1] = gemm_q4_1;
     k->gemm[SB_TYPE_Q5_0] = gemm_q5_0;
