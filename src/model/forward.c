@@ -33,13 +33,21 @@
 
 /* ---- element-wise building blocks ---------------------------------------- */
 
-/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for one row of n. */
+/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for one row of n. The
+ * float squares are summed in double as ggml does, but in eight running
+ * sums (one chain waits on every add; these vectorise): the same double
+ * unless a partial sum rounds, which needs squares more than 2^29 apart. */
 static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps) {
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; i++)
+    double part[8] = {0};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int32_t j = 0; j < 8; j++)
+            part[j] += (double)(x[i + j] * x[i + j]);
+    double sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+    for (; i < n; i++)
         sum += (double)(x[i] * x[i]);
     float scale = 1.0f / sqrtf((float)(sum / n) + eps);
-    for (int32_t i = 0; i < n; i++)
+    for (i = 0; i < n; i++)
         out[i] = (x[i] * scale) * w[i];
 }
 
