@@ -154,7 +154,7 @@ static void rmsnorm_row(void *arg, int64_t i, int ith) {
 /* out[i] = rmsnorm(in[i]) * norm for the batch's n rows. */
 static void rmsnorm_rows(sb_forward *f, float *out, const float *in, const float *norm, int32_t n) {
     token_job j = {.f = f, .norm = norm, .out = out, .in = in};
-    sb_threadpool_for(f->pool, n, rmsnorm_row, &j);
+    sb_threadpool_for_light(f->pool, n, (int64_t)n * f->model->hp.n_embd, rmsnorm_row, &j);
 }
 
 /* Token i's query and key: per-head norms (qwen3), rotation; then its key

@@ -146,7 +146,7 @@ void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t 
         };
         n_chunks += (p->n_out + p->rows_per_chunk - 1) / p->rows_per_chunk;
     }
-    sb_threadpool_for(tp, n_tok, convert_row, &j);
+    sb_threadpool_for_light(tp, n_tok, n_tok * n_in, convert_row, &j);
     sb_threadpool_for(tp, n_chunks, dot_rows, &j);
 }
 

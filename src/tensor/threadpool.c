@@ -256,3 +256,12 @@ void sb_threadpool_for(sb_threadpool *tp, int64_t n_chunks, sb_chunk_fn fn, void
         tp->window_wait_ns = tp->window_total_ns = 0;
     }
 }
+
+void sb_threadpool_for_light(sb_threadpool *tp, int64_t n_chunks, int64_t elements, sb_chunk_fn fn, void *arg) {
+    if (elements > SB_THREADPOOL_LIGHT_ELEMENTS) {
+        sb_threadpool_for(tp, n_chunks, fn, arg);
+        return;
+    }
+    for (int64_t c = 0; c < n_chunks; c++)
+        fn(arg, c, 0);
+}

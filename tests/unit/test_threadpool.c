@@ -1,7 +1,7 @@
 /*
  * test_threadpool.c - the persistent thread pool: every chunk of every loop
  * runs exactly once, on a valid thread index, across thousands of loops of
- * varying sizes; a slow chunk does not stop other threads from taking the
+ * varying sizes (light ones too); a slow chunk does not stop other threads from taking the
  * rest; and model outputs do not depend on the thread count.
  */
 #include <setjmp.h>
@@ -49,7 +49,10 @@ static void test_every_chunk_once(void **state) {
             memset(&c, 0, sizeof(c));
             c.n_threads = n_threads;
             c.slow_chunk = -1;
-            sb_threadpool_for(tp, n, count_chunk, &c);
+            if (loop % 3 == 2) /* light loops: on the caller below the threshold, shared above it */
+                sb_threadpool_for_light(tp, n, loop % 2 ? SB_THREADPOOL_LIGHT_ELEMENTS : n * 64, count_chunk, &c);
+            else
+                sb_threadpool_for(tp, n, count_chunk, &c);
             for (int64_t i = 0; i < n; i++)
                 assert_int_equal(c.hits[i], 1);
             for (int64_t i = n; i < 1000; i++)
