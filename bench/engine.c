@@ -128,7 +128,7 @@ int main(int argc, char **argv) {
             ok = false;
         if (!ok) {
             fputs("usage: bench_engine -m MODEL [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]\n"
-                  "                    [--cache-type f32|f16]\n",
+                  "                    [--cache-type f32|f16|q8_0]\n",
                   stderr);
             return 2;
         }

@@ -5,7 +5,7 @@
 // requests. Prints a table.
 //
 //   node bench/serve-load.mjs [--bin build/switchboard] [--model FILE] [--threads 2]
-//                             [--tokens 64] [--requests 10000] [--rounds 3] [--cache-type f32|f16]
+//                             [--tokens 64] [--requests 10000] [--rounds 3] [--cache-type f32|f16|q8_0]
 // The sweep over 1, 4, 8 and 16 streams runs --rounds times (the levels
 // alternate, so a noisy neighbour spreads over all of them); each level's
 // rate is the median over rounds, and its ratio to the single-stream median

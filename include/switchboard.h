@@ -121,10 +121,12 @@ typedef struct sb_ctx sb_ctx_t;
 
 /* What the KV cache holds keys and values in. F32 is exact attention (the
  * default, what the fixtures' llama.cpp answers were computed with); F16
- * halves the cache and the bytes attention reads (llama.cpp's default:
- * queries and keys meet in F16, as there). */
-typedef enum sb_cache_type { SB_CACHE_F32 = 0, SB_CACHE_F16 = 1 } sb_cache_type;
-/* "f32" / "f16"; false for any other name. */
+ * halves the cache and the bytes attention reads (llama.cpp's default), Q8_0
+ * (blocks of 32 int8 and a scale, as llama.cpp's q8_0 cache) halves them
+ * again. Queries meet keys converted as for the keys' type's dot products,
+ * as in llama.cpp. Q8_0 needs a head size that is a multiple of 32. */
+typedef enum sb_cache_type { SB_CACHE_F32 = 0, SB_CACHE_F16 = 1, SB_CACHE_Q8_0 = 2 } sb_cache_type;
+/* "f32" / "f16" / "q8_0"; false for any other name. */
 bool sb_cache_type_parse(const char *name, sb_cache_type *out);
 const char *sb_cache_type_name(sb_cache_type type);
 

@@ -19,14 +19,14 @@ static const char usage[] =
     "\n"
     "commands:\n"
     "  run        generate text:  run -m FILE -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P]\n"
-    "             [--min-p P] [--repeat-penalty R] [--seed S] [--threads N] [--ctx N] [--cache-type f32|f16]\n"
+    "             [--min-p P] [--repeat-penalty R] [--seed S] [--threads N] [--ctx N] [--cache-type f32|f16|q8_0]\n"
     "             [--stop S] [--json]\n"
     "             [--chat [--system TEXT]]  (PROMPT is a user message, formatted by the chat template)\n"
     "  bench      measure speed like llama-bench:  bench -m FILE [-p 512] [-n 128] [-t THREADS] [-r REPS]\n"
-    "             [--cache-type f32|f16] [-o table|json] [--progress]\n"
+    "             [--cache-type f32|f16|q8_0] [-o table|json] [--progress]\n"
     "  serve      OpenAI-compatible HTTP server:  serve -m FILE [--host 127.0.0.1] [--port 8080] [--ctx N]\n"
     "             [--parallel N] [--threads N] [--alias NAME] [--max-batch-tokens N] [--max-body BYTES]\n"
-    "             [--max-queue N] [--timeout SECONDS] [--cache-type f32|f16] [--quiet]\n"
+    "             [--max-queue N] [--timeout SECONDS] [--cache-type f32|f16|q8_0] [--quiet]\n"
     "  info       print the metadata and tensor table of a GGUF file:  info FILE\n"
     "  tokenize   print token ids as a JSON array:  tokenize -m FILE [--no-bos] [--special] [--pieces] TEXT\n"
     "  template   render a chat template:  template (-m FILE | --file T.jinja | --builtin NAME) --messages M.json\n"
@@ -86,7 +86,7 @@ float sb_cli_float(const char *opt, const char *value) {
 sb_cache_type sb_cli_cache_type(const char *opt, const char *value) {
     sb_cache_type t;
     if (!sb_cache_type_parse(value, &t)) {
-        fprintf(stderr, "switchboard: option %s: '%s' is not a KV-cache type (f32 or f16)\n", opt, value);
+        fprintf(stderr, "switchboard: option %s: '%s' is not a KV-cache type (f32, f16 or q8_0)\n", opt, value);
         exit(SB_EXIT_USAGE);
     }
     return t;

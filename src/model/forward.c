@@ -21,8 +21,9 @@
  *
  * Numerics follow ggml's CPU backend where it matters for agreement with
  * llama.cpp: RMSNorm sums squares in double, RoPE angles are built by
- * repeated float multiplication, softmax subtracts the max, GeGLU goes
- * through F16 as ggml's lookup table does.
+ * repeated float multiplication, softmax subtracts the max and takes its
+ * exponentials from ggml_v_expf (the softmax kernel), GeGLU goes through F16
+ * as ggml's lookup table does.
  */
 #include <math.h>
 #include <stdint.h>
@@ -87,20 +88,6 @@ static void rope(float *vec, int32_t n_heads, int32_t head_dim, int32_t n_rot, c
             }
         }
     }
-}
-
-static void softmax(float *x, int32_t n) {
-    float max = x[0];
-    for (int32_t i = 1; i < n; i++)
-        max = x[i] > max ? x[i] : max;
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        x[i] = expf(x[i] - max);
-        sum += x[i];
-    }
-    float inv = (float)(1.0 / sum);
-    for (int32_t i = 0; i < n; i++)
-        x[i] *= inv;
 }
 
 /* gelu with the tanh approximation, evaluated the way ggml's table does:
@@ -180,7 +167,7 @@ static void place_qkv(void *arg, int64_t i, int ith) {
     int32_t pos = j->batch[i].pos, bs = j->kv->block_size;
     int32_t block = j->batch[i].blocks[pos / bs], slot = pos % bs;
     const sb_kernels *kern = sb_kernels_active();
-    const size_t head_stride = (size_t)bs * (size_t)hd; /* a block's heads follow each other */
+    const size_t head_stride = (size_t)bs * j->kv->row; /* a block's heads follow each other */
     const sb_store_rows_fn store = kern->store_rows[j->kv->type];
     store(hd, hp->n_head_kv, ki, sb_kv_k(j->kv, j->il, block, 0, slot), head_stride);
     store(hd, hp->n_head_kv, f->v + (size_t)i * kv_dim, sb_kv_v(j->kv, j->il, block, 0, slot), head_stride);
@@ -254,7 +241,7 @@ static void attend_group_head(void *arg, int64_t chunk, int ith) {
     const sb_kernels *kern = sb_kernels_active();
     int32_t hd = hp->head_dim, q_dim = hp->n_head * hd, bs = j->kv->block_size;
     const sb_type kt = j->kv->type, qt = sb_type_traits_of(kt)->vec_dot_type;
-    size_t kv_stride = (size_t)hd * j->kv->elem;
+    size_t kv_stride = j->kv->row;
     int32_t g = (int32_t)(chunk / hp->n_head), h = (int32_t)(chunk % hp->n_head);
     int32_t i0 = j->group_start[g], nq = j->group_start[g + 1] - i0;
     const sb_batch_token *bt0 = &j->batch[i0];
@@ -277,15 +264,17 @@ static void attend_group_head(void *arg, int64_t chunk, int ith) {
         q = qs;
         q_stride = (size_t)hd * sizeof(float);
     }
-    /* F16 keys meet queries rounded to F16, as in llama.cpp's F16 cache. */
+    /* F16 or Q8_0 keys meet queries converted as for their vec_dot, as in
+     * llama.cpp's caches of those types. */
     const void *qx = q;
-    uint16_t qh[ATTN_GROUP * 512];
+    uint8_t qc[ATTN_GROUP * 512 * sizeof(uint16_t)];
     if (qt != SB_TYPE_F32) {
+        const size_t qc_row = sb_type_row_size(qt, hd);
         for (int32_t i = 0; i < nq; i++)
-            kern->act_from_float[qt]((const float *)((const uint8_t *)q + (size_t)i * q_stride), qh + (size_t)i * hd,
+            kern->act_from_float[qt]((const float *)((const uint8_t *)q + (size_t)i * q_stride), qc + (size_t)i * qc_row,
                                      hd);
-        qx = qh;
-        q_stride = (size_t)hd * sizeof(uint16_t);
+        qx = qc;
+        q_stride = qc_row;
     }
     /* The head's keys and values lie in short runs (one per block) spread
      * over the cache, which the hardware prefetcher does not follow: ask for
@@ -314,12 +303,12 @@ static void attend_group_head(void *arg, int64_t chunk, int ith) {
         for (int32_t t = 0; t < n; t++)
             sc[t] = hp->attn_softcap > 0 ? tanhf(sc[t] * (1.0f / hp->attn_softcap)) * hp->attn_softcap
                                          : sc[t] * scale;
-        softmax(sc, n);
+        kern->softmax(n, sc);
         float *oh = f->att + (size_t)(i0 + i) * q_dim + (size_t)h * hd;
         memset(oh, 0, (size_t)hd * sizeof(float));
         for (int32_t t = 0; t < n;) { /* one run of positions per KV block */
             int32_t p = from + t, slot = p % bs, run = SB_MIN(bs - slot, n - t);
-            kern->axpy[kt](hd, run, sc + t, sb_kv_v(j->kv, j->il, blocks[p / bs], kvh, slot), (size_t)hd, oh);
+            kern->axpy[kt](hd, run, sc + t, sb_kv_v(j->kv, j->il, blocks[p / bs], kvh, slot), kv_stride, oh);
             t += run;
         }
     }
@@ -495,11 +484,14 @@ void sb_forward_free(sb_forward *f) {
 sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t block_size, sb_cache_type type,
                      sb_error *err) {
     const sb_hparams *hp = &m->hp;
-    const sb_type t = type == SB_CACHE_F16 ? SB_TYPE_F16 : SB_TYPE_F32;
+    const sb_type t = type == SB_CACHE_F16 ? SB_TYPE_F16 : type == SB_CACHE_Q8_0 ? SB_TYPE_Q8_0 : SB_TYPE_F32;
+    *kv = (sb_kv){0};
+    if (hp->head_dim % (int32_t)sb_type_traits_of(t)->blck_size != 0)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "a %s KV cache needs a head size that is a multiple of %u (this model: %d)",
+                       sb_cache_type_name(type), sb_type_traits_of(t)->blck_size, hp->head_dim);
     *kv = (sb_kv){.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-                  .block_size = block_size, .n_blocks = n_blocks, .type = t, .elem = sb_type_row_size(t, 1)};
-    size_t bytes = (size_t)hp->n_layer * (size_t)n_blocks * (size_t)block_size * (size_t)hp->n_head_kv *
-                   (size_t)hp->head_dim * kv->elem;
+                  .block_size = block_size, .n_blocks = n_blocks, .type = t, .row = sb_type_row_size(t, hp->head_dim)};
+    size_t bytes = (size_t)hp->n_layer * (size_t)n_blocks * (size_t)block_size * (size_t)hp->n_head_kv * kv->row;
     /* 64-byte aligned, so that whole rows can be streamed in (store_rows). */
     kv->k_mem = sb_calloc(bytes + 64, 1);
     kv->v_mem = sb_calloc(bytes + 64, 1);

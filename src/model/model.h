@@ -137,9 +137,9 @@ sb_status sb_model_pack(sb_model *m, sb_error *err);
  * time) reads each block's keys and values as one stream. */
 typedef struct sb_kv {
     int32_t n_layer, n_head_kv, head_dim, block_size, n_blocks;
-    sb_type type; /* F32 (exact attention) or F16 (half the bytes, llama.cpp's default) */
-    size_t elem;  /* bytes per element of type */
-    uint8_t *k;   /* (n_layer, n_blocks, n_head_kv, block_size, head_dim), 64-byte aligned */
+    sb_type type; /* F32 (exact attention), F16 (llama.cpp's default) or Q8_0 */
+    size_t row;   /* bytes of one head's key or value: head_dim elements of type */
+    uint8_t *k;   /* (n_layer, n_blocks, n_head_kv, block_size) rows, 64-byte aligned */
     uint8_t *v;   /* same */
     void *k_mem, *v_mem; /* the allocations k and v lie in */
 } sb_kv;
@@ -149,10 +149,9 @@ sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t blo
 void sb_kv_free(sb_kv *kv);
 
 static inline size_t sb_kv_offset(const sb_kv *kv, int32_t layer, int32_t block, int32_t head, int32_t slot) {
-    return (((((size_t)layer * kv->n_blocks + (size_t)block) * kv->n_head_kv + (size_t)head) * kv->block_size +
-             (size_t)slot) *
-            kv->head_dim) *
-           kv->elem;
+    return ((((size_t)layer * kv->n_blocks + (size_t)block) * kv->n_head_kv + (size_t)head) * kv->block_size +
+            (size_t)slot) *
+           kv->row;
 }
 static inline void *sb_kv_k(const sb_kv *kv, int32_t layer, int32_t block, int32_t head, int32_t slot) {
     return kv->k + sb_kv_offset(kv, layer, block, head, slot);

@@ -5,8 +5,10 @@
  * SwiGLU's SiLU follows ggml's AVX-512 ggml_v_silu operation for operation
  * (what llama.cpp runs on these machines): x / (1 + e) with e its
  * ggml_v_expf(-x), an argument reduction by round(x / ln 2), a degree-5
- * polynomial and a scaling by 2^n, not the C library's expf. The SIMD
- * levels (x86/kernels-x86.h) give the same bytes; tests check that.
+ * polynomial and a scaling by 2^n, not the C library's expf. Attention's
+ * softmax takes its exponentials from ggml_v_expf too, as ggml's soft_max
+ * does for whole vectors. The SIMD levels (x86/kernels-x86.h) give the same
+ * bytes; tests check that.
  */
 #include <math.h>
 
@@ -34,4 +36,22 @@ float sb__silu_ref(float x) { return x / (1.0f + expf_ggml(0.0f - x)); }
 void sb__swiglu_ref(int64_t n, float *gate, const float *up) {
     for (int64_t i = 0; i < n; i++)
         gate[i] = sb__silu_ref(gate[i]) * up[i];
+}
+
+void sb__softmax_ref(int64_t n, float *x) {
+    float max = x[0];
+    for (int64_t i = 1; i < n; i++)
+        max = x[i] > max ? x[i] : max;
+    for (int64_t i = 0; i < n; i++)
+        x[i] = expf_ggml(x[i] - max);
+    sb__softmax_normalize(n, x);
+}
+
+void sb__softmax_normalize(int64_t n, float *x) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        sum += x[i];
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= inv;
 }

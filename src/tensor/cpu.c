@@ -54,39 +54,49 @@ static const sb_gemm_fn gemm_ref_by_id[] = {
 };
 _Static_assert(sizeof(gemm_ref_by_id) / sizeof(gemm_ref_by_id[0]) == SB_TYPE_COUNT, "one wrapper per type id");
 
-static void axpy_ref_f32(int64_t n, int64_t nr, const float *a, const void *xv, size_t x_stride, float *y) {
-    const float *x = xv;
+/* The references for every KV-cache type: rows dequantized by the type's
+ * to_float (a piece at a time), then multiplied and added, rounded
+ * separately; rows converted by the type's act_from_float. */
+#define AXPY_PIECE 1024 /* a multiple of every block size */
+static void axpy_ref(sb_type type, int64_t n, int64_t nr, const float *a, const void *x, size_t x_stride, float *y) {
+    const sb_type_traits *t = sb_type_traits_of(type);
+    float v[AXPY_PIECE];
     for (int64_t r = 0; r < nr; r++)
-        for (int64_t i = 0; i < n; i++)
-            y[i] += a[r] * x[(size_t)r * x_stride + (size_t)i];
+        for (int64_t i0 = 0; i0 < n; i0 += AXPY_PIECE) {
+            const int64_t len = n - i0 < AXPY_PIECE ? n - i0 : AXPY_PIECE;
+            t->to_float((const char *)x + (size_t)r * x_stride + sb_type_row_size(type, i0), v, len);
+            for (int64_t i = 0; i < len; i++)
+                y[i0 + i] += a[r] * v[i];
+        }
 }
 
-static void axpy_ref_f16(int64_t n, int64_t nr, const float *a, const void *xv, size_t x_stride, float *y) {
-    const uint16_t *x = xv;
+static void store_rows_ref(sb_type type, int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride) {
     for (int64_t r = 0; r < nr; r++)
-        for (int64_t i = 0; i < n; i++)
-            y[i] += a[r] * sb_fp16_to_fp32(x[(size_t)r * x_stride + (size_t)i]);
+        sb_type_traits_of(type)->act_from_float(src + (size_t)r * (size_t)n, (char *)dst + (size_t)r * dst_stride, n);
 }
 
-static void store_rows_ref_f32(int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride) {
-    for (int64_t r = 0; r < nr; r++)
-        memcpy((float *)dst + (size_t)r * dst_stride, src + (size_t)r * (size_t)n, (size_t)n * sizeof(float));
-}
-
-static void store_rows_ref_f16(int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride) {
-    for (int64_t r = 0; r < nr; r++)
-        for (int64_t i = 0; i < n; i++)
-            ((uint16_t *)dst)[(size_t)r * dst_stride + (size_t)i] = sb_fp32_to_fp16(src[(size_t)r * (size_t)n + (size_t)i]);
-}
+#define KV_REF(name, id)                                                                                          \
+    static void axpy_ref_##name(int64_t n, int64_t nr, const float *a, const void *x, size_t xs, float *y) {    \
+        axpy_ref(id, n, nr, a, x, xs, y);                                                                         \
+    }                                                                                                             \
+    static void store_rows_ref_##name(int64_t n, int64_t nr, const float *src, void *dst, size_t ds) {          \
+        store_rows_ref(id, n, nr, src, dst, ds);                                                                  \
+    }
+KV_REF(f32, SB_TYPE_F32)
+KV_REF(f16, SB_TYPE_F16)
+KV_REF(q8_0, SB_TYPE_Q8_0)
 
 static void fill_scalar(sb_kernels *k) {
     memset(k, 0, sizeof(*k));
     k->level = SB_CPU_SCALAR;
     k->axpy[SB_TYPE_F32] = axpy_ref_f32;
     k->axpy[SB_TYPE_F16] = axpy_ref_f16;
+    k->axpy[SB_TYPE_Q8_0] = axpy_ref_q8_0;
     k->store_rows[SB_TYPE_F32] = store_rows_ref_f32;
     k->store_rows[SB_TYPE_F16] = store_rows_ref_f16;
+    k->store_rows[SB_TYPE_Q8_0] = store_rows_ref_q8_0;
     k->swiglu = sb__swiglu_ref;
+    k->softmax = sb__softmax_ref;
     for (uint32_t id = 0; id < SB_TYPE_COUNT; id++) {
         const sb_type_traits *t = sb_type_traits_of(id);
         if (!t)

@@ -141,26 +141,34 @@ typedef enum sb_cpu_level {
 typedef void (*sb_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t nr, const void *x, size_t x_stride,
                            int64_t nt, float *y, size_t ldy);
 
-/* y[i] += a[r] * x[r*x_stride + i] for r = 0, 1, ... nr-1 in turn, i < n,
- * x rows of the table's type (F32, or F16 widened exactly), each multiply
- * and add rounded separately (never fused), so every level gives the scalar
- * bytes. Attention's weighted sum of values, one call per run of cached
- * positions. x_stride counts elements. */
+/* y[i] += a[r] * x_r[i] for r = 0, 1, ... nr-1 in turn, i < n, where x_r
+ * is row r (x_stride bytes apart) of the table's type dequantized as its
+ * to_float does (F32; F16 widened exactly; Q8_0 d * q, n a multiple of 32),
+ * each multiply and add rounded separately (never fused), so every level
+ * gives the scalar bytes. Attention's weighted sum of values, one call per
+ * run of cached positions. */
 typedef void (*sb_axpy_fn)(int64_t n, int64_t nr, const float *a, const void *x, size_t x_stride, float *y);
 
 /* dst row r = src row r, for nr rows of n floats (src contiguous, dst rows
- * dst_stride elements apart) in the table's type (F32; F16 rounded to
- * nearest even, as F16C and llama.cpp's F32 -> F16 copy), written around the
- * caches where the level can (F32: streaming stores, for rows 64-byte
- * aligned), and visible to every thread once the call returns. New keys and
- * values going into the KV cache: a normal store first reads each cold line
- * it fills. */
+ * dst_stride bytes apart) converted to the table's type as the type's
+ * act_from_float does (F32; F16 rounded to nearest even; Q8_0 as llama.cpp's
+ * x86 backend quantizes, which is also what its F32 -> Q8_0 copy into a KV
+ * cache does), written around the caches where the level can (F32:
+ * streaming stores, for rows 64-byte aligned), and visible to every thread
+ * once the call returns. New keys and values going into the KV cache: a
+ * normal store first reads each cold line it fills. */
 typedef void (*sb_store_rows_fn)(int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride);
 
 /* gate[i] = silu(gate[i]) * up[i] for i < n, F32, silu(x) = x / (1 + e^-x)
  * with e^-x as llama.cpp's AVX-512 backend computes it (ggml_v_expf), the
  * same bytes at every level. SwiGLU's gated activation. */
 typedef void (*sb_swiglu_fn)(int64_t n, float *gate, const float *up);
+
+/* x[i] = e^(x[i] - max) / sum for i < n (n >= 1, finite x), e^ as ggml_v_expf
+ * (see swiglu), the sum in double in index order, then one multiplication
+ * by its float reciprocal: the same bytes at every level. Attention's
+ * weights. */
+typedef void (*sb_softmax_fn)(int64_t n, float *x);
 
 /* A level's own layout for matrices of a type: groups of `rows`
  * consecutive rows interleaved so that one vector load serves all of them.
@@ -181,9 +189,10 @@ typedef struct sb_packing {
 
 typedef struct sb_kernels {
     sb_cpu_level level;
-    sb_axpy_fn axpy[SB_TYPE_COUNT];             /* by row type: the KV cache's, F32 and F16 */
-    sb_store_rows_fn store_rows[SB_TYPE_COUNT]; /* by destination type: the KV cache's, F32 and F16 */
+    sb_axpy_fn axpy[SB_TYPE_COUNT];             /* by row type: the KV cache's, F32, F16 and Q8_0 */
+    sb_store_rows_fn store_rows[SB_TYPE_COUNT]; /* by destination type: the KV cache's, F32, F16 and Q8_0 */
     sb_swiglu_fn swiglu;
+    sb_softmax_fn softmax;
     sb_gemm_fn gemm[SB_TYPE_COUNT];                 /* by weight type; NULL where the type has no vec_dot */
     sb_packing packing[SB_TYPE_COUNT];              /* by weight type */
     sb_from_float_fn act_from_float[SB_TYPE_COUNT]; /* by activation type (F32, F16, BF16, Q8_0, Q8_1):

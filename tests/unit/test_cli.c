@@ -153,8 +153,10 @@ static void test_info_every_fixture(void **state) {
 
 /* Runs `switchboard run -m path` and expects failure with exactly one line
  * on stderr containing `expect`. */
-static void expect_run_error(const char *path, const char *expect) {
-    const char *args[] = {"run", "-m", path, "-p", "hi", "-n", "4", NULL};
+/* `switchboard run` on path (with --cache-type cache_type) fails with one
+ * line on stderr that mentions `expect`. */
+static void expect_run_error_with(const char *path, const char *cache_type, const char *expect) {
+    const char *args[] = {"run", "-m", path, "-p", "hi", "-n", "4", "--cache-type", cache_type, NULL};
     char *out, *err;
     int rc = sb_test_run_cli(args, &out, &err);
     assert_int_not_equal(rc, 0);
@@ -167,6 +169,8 @@ static void expect_run_error(const char *path, const char *expect) {
     free(out);
     free(err);
 }
+
+static void expect_run_error(const char *path, const char *expect) { expect_run_error_with(path, "f32", expect); }
 
 static void test_run_errors(void **state) {
     (void)state;
@@ -187,6 +191,10 @@ static void test_run_errors(void **state) {
     snprintf(path, sizeof(path), "%s/empty.gguf", sb_test_tmpdir());
     fclose(fopen(path, "wb"));
     expect_run_error(path, "empty");
+
+    /* stories260K's heads hold 8 values: no whole Q8_0 block. */
+    expect_run_error_with(sb_test_fixture("models/stories260K.gguf"), "q8_0", "multiple of 32");
+    expect_run_error_with(sb_test_fixture("models/stories260K.gguf"), "q4_0", "not a KV-cache type");
 }
 
 /* `switchboard <command> --help` prints the usage and succeeds, for every

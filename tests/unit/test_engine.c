@@ -3,7 +3,9 @@
  * run together give exactly the tokens they give alone (batch invariance),
  * shared prefixes are computed once, a cache too small for everyone
  * preempts and resumes without changing any output, cancellation and a
- * full queue behave, embeddings are unit vectors.
+ * full queue behave, embeddings are unit vectors. Batch invariance also
+ * with F16 and Q8_0 KV caches (Q8_0 on a generated model whose heads hold
+ * 32 values: stories260K's hold 8, which a Q8_0 cache refuses).
  */
 #include <math.h>
 #include <pthread.h>
@@ -17,6 +19,7 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
+#include "model/synth.h"
 #include "testutil.h"
 
 #define MAX_GEN 64
@@ -70,16 +73,25 @@ static void result_wait(result *r) {
     pthread_mutex_unlock(&r->lock);
 }
 
-static sb_model_t *model;
+static sb_model_t *model, *wide_heads;
 
 static int setup(void **state) {
     (void)state;
-    return sb_model_load(sb_test_fixture("models/stories260K.gguf"), &model, NULL) == SB_OK ? 0 : -1;
+    sb_synth_params sp = sb_synth_default_params();
+    sp.heads = 2; /* 32 values per head */
+    sp.kv_heads = 1;
+    char path[300];
+    snprintf(path, sizeof(path), "%s/wide-heads.gguf", sb_test_tmpdir());
+    return sb_model_load(sb_test_fixture("models/stories260K.gguf"), &model, NULL) == SB_OK &&
+                   sb_synth_write(&sp, path, NULL) == SB_OK && sb_model_load(path, &wide_heads, NULL) == SB_OK
+               ? 0
+               : -1;
 }
 
 static int teardown(void **state) {
     (void)state;
     sb_model_free(model);
+    sb_model_free(wide_heads);
     return 0;
 }
 
@@ -99,9 +111,10 @@ static sb_gen_params greedy(const int32_t *prompt, int32_t n, int32_t max_tokens
     return p;
 }
 
-static void run_all(const sb_engine_params *ep, int n_req, result *results, sb_engine_stats *stats) {
+static void run_all(const sb_model_t *m, const sb_engine_params *ep, int n_req, result *results,
+                    sb_engine_stats *stats) {
     sb_engine *e;
-    assert_int_equal(sb_engine_create(model, ep, &e, NULL), SB_OK);
+    assert_int_equal(sb_engine_create(m, ep, &e, NULL), SB_OK);
     int32_t prompts[16][64];
     for (int i = 0; i < n_req; i++) {
         int32_t n = make_prompt(i, prompts[i]);
@@ -119,9 +132,8 @@ static void run_all(const sb_engine_params *ep, int n_req, result *results, sb_e
 }
 
 /* Each request's greedy tokens are the same alone, batched with 15 others,
- * and batched into a cache too small for all of them (preempted, resumed),
- * with the KV cache in F32 and in F16. */
-static void batched_equals_alone(sb_cache_type cache_type) {
+ * and batched into a cache too small for all of them (preempted, resumed). */
+static void batched_equals_alone(const sb_model_t *m, sb_cache_type cache_type) {
     enum { N = 16 };
     static result alone[N], together[N], squeezed[N];
     sb_engine_params ep = sb_engine_default_params();
@@ -131,7 +143,7 @@ static void batched_equals_alone(sb_cache_type cache_type) {
     ep.n_parallel = 1;
     for (int i = 0; i < N; i++) { /* one at a time: nothing else in the batch */
         sb_engine *e;
-        assert_int_equal(sb_engine_create(model, &ep, &e, NULL), SB_OK);
+        assert_int_equal(sb_engine_create(m, &ep, &e, NULL), SB_OK);
         int32_t prompt[64];
         int32_t n = make_prompt(i, prompt);
         sb_gen_params p = greedy(prompt, n, 40);
@@ -142,10 +154,10 @@ static void batched_equals_alone(sb_cache_type cache_type) {
     }
     ep.n_parallel = 16;
     ep.max_batch_tokens = 64; /* prompts get chunked and mixed with decoding */
-    run_all(&ep, N, together, NULL);
+    run_all(m, &ep, N, together, NULL);
     ep.n_ctx = 128; /* 16 sequences of up to 80 positions cannot all fit */
     sb_engine_stats st;
-    run_all(&ep, N, squeezed, &st);
+    run_all(m, &ep, N, squeezed, &st);
     fprintf(stderr, "squeezed run: %llu preemptions, %llu steps\n", (unsigned long long)st.preemptions,
             (unsigned long long)st.steps);
     assert_true(st.preemptions > 0);
@@ -161,8 +173,17 @@ static void batched_equals_alone(sb_cache_type cache_type) {
 
 static void test_batched_equals_alone(void **state) {
     (void)state;
-    batched_equals_alone(SB_CACHE_F32);
-    batched_equals_alone(SB_CACHE_F16);
+    batched_equals_alone(model, SB_CACHE_F32);
+    batched_equals_alone(model, SB_CACHE_F16);
+    batched_equals_alone(wide_heads, SB_CACHE_Q8_0);
+    /* Heads of 8 values do not fill a Q8_0 block: a clear refusal. */
+    sb_engine_params ep = sb_engine_default_params();
+    ep.cache_type = SB_CACHE_Q8_0;
+    sb_engine *e = NULL;
+    sb_error err;
+    assert_int_equal(sb_engine_create(model, &ep, &e, &err), SB_ERR_INVALID_ARG);
+    assert_null(e);
+    assert_non_null(strstr(err.msg, "multiple of 32"));
 }
 
 static void test_prefix_computed_once(void **state) {

@@ -390,22 +390,19 @@ static void test_act_matches_scalar(void **state) {
 }
 
 /* The KV cache's element types, which axpy and store_rows serve. */
-static const sb_type kv_types[] = {SB_TYPE_F32, SB_TYPE_F16};
+static const sb_type kv_types[] = {SB_TYPE_F32, SB_TYPE_F16, SB_TYPE_Q8_0};
 
-/* The weighted sum of rows (F32 and F16 rows): every level gives the scalar
- * bytes, for row lengths around the vector widths and the 4-vector stride,
- * runs of 1 to 40 rows with a gap between them, and values whose products
- * round. */
+/* The weighted sum of rows (F32, F16 and Q8_0 rows): every level gives the
+ * scalar bytes, for row lengths around the vector widths and the 4-vector
+ * stride (multiples of 32 for Q8_0), runs of 1 to 40 rows with a gap between
+ * them, and values whose products round. */
 static void test_axpy_matches_scalar(void **state) {
     (void)state;
-    static const int64_t ns[] = {1, 7, 8, 16, 31, 64, 65, 80, 128, 200};
-    enum { MAXN = 200, MAXR = 40, GAP = 3, NX = MAXR * (MAXN + GAP) };
-    float *xf = malloc(sizeof(float) * NX), a[MAXR], y0[MAXN], y1[MAXN], start[MAXN];
-    uint16_t *xh = malloc(sizeof(uint16_t) * NX);
-    for (int i = 0; i < NX; i++) {
-        xf[i] = rng_unit() * ldexpf(1.0f, (int)rng_below(20) - 10);
-        xh[i] = sb_fp32_to_fp16(xf[i]);
-    }
+    static const int64_t ns[] = {1, 7, 8, 16, 31, 32, 64, 65, 80, 96, 128, 200, 256};
+    enum { MAXN = 256, MAXR = 40, GAP = 3 * 34 };
+    const size_t stride = (MAXN / 32) * 34 * 4 + GAP; /* room for the widest (F32) row, then a gap */
+    float *xf = malloc(sizeof(float) * MAXN), a[MAXR], y0[MAXN], y1[MAXN], start[MAXN];
+    uint8_t *x = malloc(stride * MAXR);
     for (int r = 0; r < MAXR; r++)
         a[r] = rng_unit();
     for (int i = 0; i < MAXN; i++)
@@ -413,73 +410,75 @@ static void test_axpy_matches_scalar(void **state) {
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     int failures = 0;
     const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
-    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++)
-        for (size_t t = 0; t < sizeof(kv_types) / sizeof(kv_types[0]); t++) {
-            const sb_kernels *k = simd[l];
-            const sb_type type = kv_types[t];
-            const void *x = type == SB_TYPE_F16 ? (const void *)xh : (const void *)xf;
+    for (size_t t = 0; t < sizeof(kv_types) / sizeof(kv_types[0]); t++) {
+        const sb_type type = kv_types[t];
+        const sb_type_traits *tr = sb_type_traits_of(type);
+        for (int r = 0; r < MAXR; r++) { /* rows of the type, from floats over 20 binades */
+            for (int i = 0; i < MAXN; i++)
+                xf[i] = rng_unit() * ldexpf(1.0f, (int)rng_below(20) - 10);
+            tr->from_float(xf, x + (size_t)r * stride, MAXN);
+        }
+        for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++)
             for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++)
                 for (int64_t nr = 1; nr <= MAXR; nr += nr < 4 ? 1 : 9) {
+                    const sb_kernels *k = simd[l];
                     const int64_t n = ns[c];
+                    if (n % tr->blck_size != 0)
+                        continue;
                     memcpy(y0, start, sizeof(y0));
                     memcpy(y1, start, sizeof(y1));
-                    ref->axpy[type](n, nr, a, x, (size_t)(n + GAP), y0);
-                    k->axpy[type](n, nr, a, x, (size_t)(n + GAP), y1);
+                    ref->axpy[type](n, nr, a, x, stride, y0);
+                    k->axpy[type](n, nr, a, x, stride, y1);
                     if (memcmp(y0, y1, sizeof(y0)) != 0) {
                         print_error("%s axpy %s n=%lld rows=%lld differs from scalar\n", sb_cpu_level_name(k->level),
-                                    sb_type_traits_of(type)->name, (long long)n, (long long)nr);
+                                    tr->name, (long long)n, (long long)nr);
                         failures++;
                     }
                 }
-        }
+    }
     free(xf);
-    free(xh);
+    free(x);
     assert_int_equal(failures, 0);
 }
 
-/* Rows stored into a strided destination (F32, and F16 rounded to nearest
- * even): the same bytes at every level, with aligned rows (streamed) and
- * unaligned ones, and nothing between the rows written. */
+/* Rows stored into a strided destination, converted as the type's
+ * act_from_float does: the same bytes at every level, with aligned rows
+ * (F32: streamed) and unaligned ones, and nothing between the rows written. */
 static void test_store_rows_matches_scalar(void **state) {
     (void)state;
-    enum { MAXN = 128, NR = 5, STRIDE = 3 * MAXN, BYTES = 4 * (STRIDE * NR + 16) };
+    enum { MAXN = 128, NR = 5, STRIDE = 3 * MAXN * 4, BYTES = STRIDE * NR + 64 };
     float *src = malloc(sizeof(float) * MAXN * NR);
-    uint8_t *mem0 = aligned_alloc(64, BYTES), *mem1 = aligned_alloc(64, BYTES);
+    uint8_t *mem0 = aligned_alloc(64, BYTES), *mem1 = aligned_alloc(64, BYTES), *want = malloc(MAXN * 4);
     for (int i = 0; i < MAXN * NR; i++)
         src[i] = rng_unit() * ldexpf(1.0f, (int)rng_below(40) - 20);
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
-    static const int64_t ns[] = {1, 8, 16, 64, 80, 128};
+    static const int64_t ns[] = {1, 8, 16, 32, 64, 80, 128};
     const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
     for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++)
         for (size_t t = 0; t < sizeof(kv_types) / sizeof(kv_types[0]); t++) {
             const sb_kernels *k = simd[l];
             const sb_type type = kv_types[t];
-            const size_t es = sb_type_row_size(type, 1);
+            const sb_type_traits *tr = sb_type_traits_of(type);
             for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++)
                 for (int misalign = 0; misalign <= 1; misalign++) {
-                    const size_t stride = misalign ? STRIDE + 1 : STRIDE;
+                    const int64_t n = ns[c];
+                    if (n % tr->blck_size != 0)
+                        continue;
+                    const size_t stride = misalign ? STRIDE + 2 : STRIDE;
                     memset(mem0, 0x5a, BYTES);
                     memset(mem1, 0x5a, BYTES);
-                    ref->store_rows[type](ns[c], NR, src, mem0 + misalign * es, stride);
-                    k->store_rows[type](ns[c], NR, src, mem1 + misalign * es, stride);
+                    ref->store_rows[type](n, NR, src, mem0 + 2 * misalign, stride);
+                    k->store_rows[type](n, NR, src, mem1 + 2 * misalign, stride);
                     assert_memory_equal(mem0, mem1, BYTES);
                     /* Row 1 holds src's row 1, converted. */
-                    for (int64_t i = 0; i < ns[c]; i++) {
-                        const uint8_t *e = mem1 + (misalign + stride + (size_t)i) * es;
-                        const float v = src[ns[c] + i];
-                        if (type == SB_TYPE_F16) {
-                            uint16_t h;
-                            memcpy(&h, e, sizeof(h));
-                            assert_int_equal(h, sb_fp32_to_fp16(v));
-                        } else {
-                            assert_memory_equal(e, &v, sizeof(v));
-                        }
-                    }
+                    tr->act_from_float(src + n, want, n);
+                    assert_memory_equal(mem1 + 2 * misalign + stride, want, sb_type_row_size(type, n));
                 }
         }
     free(src);
     free(mem0);
     free(mem1);
+    free(want);
 }
 
 /* SwiGLU: every level gives the scalar bytes (NaN for NaN), over the whole
@@ -530,6 +529,46 @@ static void test_swiglu_matches_scalar(void **state) {
     free(up);
     free(want);
     free(got);
+    assert_int_equal(failures, 0);
+}
+
+/* Attention's softmax: every level gives the scalar bytes for every length
+ * around the vector widths (whole vectors and padded tails), and the
+ * scalar one is the softmax within a few ulps of its float arguments. */
+static void test_softmax_matches_scalar(void **state) {
+    (void)state;
+    enum { N = 300 };
+    float x[N], want[N], got[N];
+    for (int i = 0; i < N; i++)
+        x[i] = rng_unit() * (i % 3 == 0 ? 40.0f : 4.0f);
+    const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
+    int failures = 0;
+    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    const int n_simd = simd_levels(simd);
+    for (int n = 1; n <= N; n += n < 40 ? 1 : 37) {
+        memcpy(want, x, sizeof(x));
+        ref->softmax(n, want);
+        double max = x[0], sum = 0.0;
+        for (int i = 1; i < n; i++)
+            max = x[i] > max ? x[i] : max;
+        for (int i = 0; i < n; i++)
+            sum += exp((double)x[i] - max);
+        for (int i = 0; i < n; i++) {
+            const double p = exp((double)x[i] - max) / sum;
+            /* x - max is rounded to float first: |x - max| ulps of 2^-24 more. */
+            const double tol = 1e-6 + fabs((double)x[i] - max) * 0x1p-23;
+            assert_true(fabs(want[i] - p) <= tol * p + 1e-37);
+        }
+        for (int l = 0; l < n_simd; l++) {
+            memcpy(got, x, sizeof(x));
+            simd[l]->softmax(n, got);
+            if (memcmp(got, want, (size_t)n * sizeof(float)) != 0 ||
+                memcmp(got + n, x + n, (size_t)(N - n) * sizeof(float)) != 0) {
+                print_error("%s softmax n=%d differs from scalar\n", sb_cpu_level_name(simd[l]->level), n);
+                failures++;
+            }
+        }
+    }
     assert_int_equal(failures, 0);
 }
 
@@ -607,6 +646,7 @@ int main(void) {
         cmocka_unit_test(test_scalar_gemm_is_vec_dot),
         cmocka_unit_test(test_act_matches_scalar),
         cmocka_unit_test(test_swiglu_matches_scalar),
+        cmocka_unit_test(test_softmax_matches_scalar),
         cmocka_unit_test(test_axpy_matches_scalar),
         cmocka_unit_test(test_store_rows_matches_scalar),
         cmocka_unit_test(test_gemm_matches_scalar),

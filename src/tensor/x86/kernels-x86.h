@@ -149,6 +149,7 @@ SBX_ALWAYS vf vf_load(fmt f, const uint8_t *p) {
 #define vf_sub _mm512_sub_ps
 #define vf_mul _mm512_mul_ps
 #define vf_div _mm512_div_ps
+#define vf_max _mm512_max_ps
 #define vf_set1 _mm512_set1_ps
 #define vf_loadu _mm512_loadu_ps
 #define vf_storeu _mm512_storeu_ps
@@ -170,6 +171,7 @@ SBX_ALWAYS vf vf_load(fmt f, const uint8_t *p) {
 #define vf_sub _mm256_sub_ps
 #define vf_mul _mm256_mul_ps
 #define vf_div _mm256_div_ps
+#define vf_max _mm256_max_ps
 #define vf_set1 _mm256_set1_ps
 #define vf_loadu _mm256_loadu_ps
 #define vf_storeu _mm256_storeu_ps
@@ -1187,9 +1189,31 @@ static void act_bf16(const float *src, void *dst, int64_t n) {
  * tensor-impl.h keeps the tail loop unfused too). Each element sees the
  * rows in order, as in the reference. */
 #define AX_FMA_SEP(acc, a, x) vf_add(acc, vf_mul(vf_set1(a), x))
+
+/* Elements i.. of a row of format f, dequantized as the reference does
+ * (Q8_0: d * q; i a multiple of VW, so one block holds them all). */
+SBX_ALWAYS vf ax_load(fmt f, const uint8_t *row, int64_t i) {
+    if (f != F_Q8_0)
+        return vf_load(f, row + (size_t)i * f_esize(f));
+    const uint8_t *blk = row + (size_t)(i / SB_QK) * sizeof(sb_block_q8_0);
+    const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2 + i % SB_QK));
+#if SBX_AVX512
+    const vf v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+#else
+    const vf v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+#endif
+    return vf_mul(vf_set1(_cvtsh_ss(load_u16(blk))), v);
+}
+
+SBX_ALWAYS float ax_get(fmt f, const uint8_t *row, int64_t i) {
+    if (f != F_Q8_0)
+        return f_get(f, row, i);
+    const uint8_t *blk = row + (size_t)(i / SB_QK) * sizeof(sb_block_q8_0);
+    return (float)(int8_t)blk[2 + i % SB_QK] * _cvtsh_ss(load_u16(blk));
+}
+
 SBX_ALWAYS void axpy_rows(fmt f, int64_t n, int64_t nr, const float *a, const void *xv, size_t xs, float *y) {
     const uint8_t *x = xv;
-    const size_t es = f == F_F16 ? 2 : 4, row = xs * es;
     int64_t i = 0;
     for (; i + 4 * VW <= n; i += 4 * VW) {
         vf acc[4];
@@ -1197,19 +1221,19 @@ SBX_ALWAYS void axpy_rows(fmt f, int64_t n, int64_t nr, const float *a, const vo
             acc[k] = vf_loadu(y + i + k * VW);
         for (int64_t r = 0; r < nr; r++)
             SBX_UNROLL for (int k = 0; k < 4; k++)
-                acc[k] = AX_FMA_SEP(acc[k], a[r], vf_load(f, x + (size_t)r * row + (size_t)(i + k * VW) * es));
+                acc[k] = AX_FMA_SEP(acc[k], a[r], ax_load(f, x + (size_t)r * xs, i + k * VW));
         SBX_UNROLL for (int k = 0; k < 4; k++)
             vf_storeu(y + i + k * VW, acc[k]);
     }
     for (; i + VW <= n; i += VW) {
         vf acc = vf_loadu(y + i);
         for (int64_t r = 0; r < nr; r++)
-            acc = AX_FMA_SEP(acc, a[r], vf_load(f, x + (size_t)r * row + (size_t)i * es));
+            acc = AX_FMA_SEP(acc, a[r], ax_load(f, x + (size_t)r * xs, i));
         vf_storeu(y + i, acc);
     }
     for (; i < n; i++)
         for (int64_t r = 0; r < nr; r++)
-            y[i] += a[r] * f_get(f, x + (size_t)r * row, i);
+            y[i] += a[r] * ax_get(f, x + (size_t)r * xs, i);
 }
 #undef AX_FMA_SEP
 
@@ -1221,15 +1245,20 @@ static void axpy_f16(int64_t n, int64_t nr, const float *a, const void *x, size_
     axpy_rows(F_F16, n, nr, a, x, xs, y);
 }
 
+static void axpy_q8_0(int64_t n, int64_t nr, const float *a, const void *x, size_t xs, float *y) {
+    axpy_rows(F_Q8_0, n, nr, a, x, xs, y);
+}
+
 /* ---- store_rows ---- */
 
 /* Whole vectors of 64-byte aligned rows go out as streaming stores (no
  * read of the line first); the fence orders them before the call returns
  * (the pool's hand-over to the next loop then publishes them). */
 static void store_rows_f32(int64_t n, int64_t nr, const float *src, void *dstv, size_t dst_stride) {
-    float *dst = dstv;
-    const bool stream = n % VW == 0 && ((uintptr_t)dst | dst_stride * sizeof(float)) % 64 == 0;
-    for (int64_t r = 0; r < nr; r++, src += n, dst += dst_stride) {
+    uint8_t *row = dstv;
+    const bool stream = n % VW == 0 && ((uintptr_t)row | dst_stride) % 64 == 0;
+    for (int64_t r = 0; r < nr; r++, src += n, row += dst_stride) {
+        float *dst = (float *)row;
         if (!stream) {
             memcpy(dst, src, (size_t)n * sizeof(float));
             continue;
@@ -1244,11 +1273,17 @@ static void store_rows_f32(int64_t n, int64_t nr, const float *src, void *dstv, 
     _mm_sfence();
 }
 
-/* F16 rows are converted on the way (the streaming path would need whole
- * lines of converted data; the cache holds half the bytes anyway). */
+/* F16 and Q8_0 rows are converted on the way by the level's activation
+ * conversion (a KV cache in those types holds half or a quarter of the
+ * bytes anyway). */
 static void store_rows_f16(int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride) {
     for (int64_t r = 0; r < nr; r++)
-        act_f16(src + (size_t)r * (size_t)n, (uint16_t *)dst + (size_t)r * dst_stride, n);
+        act_f16(src + (size_t)r * (size_t)n, (uint8_t *)dst + (size_t)r * dst_stride, n);
+}
+
+static void store_rows_q8_0(int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride) {
+    for (int64_t r = 0; r < nr; r++)
+        act_q8_0(src + (size_t)r * (size_t)n, (uint8_t *)dst + (size_t)r * dst_stride, n);
 }
 
 /* ---- swiglu ---- */
@@ -1273,17 +1308,19 @@ SBX_ALWAYS vf exp_scale(vf j, vf n) {
 #endif
 }
 
-/* act.c's SiLU, VW lanes at a time: ggml_v_expf(-x) and x / (1 + e). */
-SBX_ALWAYS vf silu_v(vf x) {
-    const vf xn = vf_sub(vf_zero(), x);
-    const vf n = vf_sub(vf_fma(xn, vf_set1(0x1.715476p+0f), vf_set1(0x1.8p23f)), vf_set1(0x1.8p23f));
-    const vf b = vf_fnma(n, vf_set1(0x1.7f7d1cp-20f), vf_fnma(n, vf_set1(0x1.62e4p-1f), xn));
+/* act.c's ggml_v_expf, VW lanes at a time. */
+SBX_ALWAYS vf exp_v(vf x) {
+    const vf n = vf_sub(vf_fma(x, vf_set1(0x1.715476p+0f), vf_set1(0x1.8p23f)), vf_set1(0x1.8p23f));
+    const vf b = vf_fnma(n, vf_set1(0x1.7f7d1cp-20f), vf_fnma(n, vf_set1(0x1.62e4p-1f), x));
     const vf u = vf_mul(b, b);
     const vf j = vf_fma(vf_fma(vf_fma(vf_set1(0x1.0e4020p-7f), b, vf_set1(0x1.573e2ep-5f)), u,
                                vf_fma(vf_set1(0x1.555e66p-3f), b, vf_set1(0x1.fffdb6p-2f))),
                         u, vf_fma(vf_set1(0x1.ffffecp-1f), b, vf_set1(1.0f)));
-    return vf_div(x, vf_add(vf_set1(1.0f), exp_scale(j, n)));
+    return exp_scale(j, n);
 }
+
+/* act.c's SiLU: x / (1 + ggml_v_expf(-x)). */
+SBX_ALWAYS vf silu_v(vf x) { return vf_div(x, vf_add(vf_set1(1.0f), exp_v(vf_sub(vf_zero(), x)))); }
 
 static void swiglu_f32(int64_t n, float *gate, const float *up) {
     int64_t i = 0;
@@ -1292,12 +1329,41 @@ static void swiglu_f32(int64_t n, float *gate, const float *up) {
     sb__swiglu_ref(n - i, gate + i, up + i);
 }
 
+/* ---- softmax ---- */
+
+static void softmax_f32(int64_t n, float *x) {
+    int64_t i = 0;
+    vf m = vf_set1(x[0]);
+    for (; i + VW <= n; i += VW)
+        m = vf_max(m, vf_loadu(x + i));
+    float lane[VW], max = x[0];
+    vf_storeu(lane, m);
+    for (int k = 0; k < VW; k++)
+        max = lane[k] > max ? lane[k] : max;
+    for (; i < n; i++)
+        max = x[i] > max ? x[i] : max;
+    const vf mv = vf_set1(max);
+    for (i = 0; i + VW <= n; i += VW)
+        vf_storeu(x + i, exp_v(vf_sub(vf_loadu(x + i), mv)));
+    if (i < n) { /* the tail through one more vector, padded with values whose exp is 0 */
+        float pad[VW];
+        for (int k = 0; k < VW; k++)
+            pad[k] = i + k < n ? x[i + k] : -1e30f;
+        vf_storeu(pad, exp_v(vf_sub(vf_loadu(pad), mv)));
+        memcpy(x + i, pad, (size_t)(n - i) * sizeof(float));
+    }
+    sb__softmax_normalize(n, x);
+}
+
 void SBX_FILL(sb_kernels *k) {
     k->axpy[SB_TYPE_F32] = axpy_f32;
     k->axpy[SB_TYPE_F16] = axpy_f16;
+    k->axpy[SB_TYPE_Q8_0] = axpy_q8_0;
     k->store_rows[SB_TYPE_F32] = store_rows_f32;
     k->store_rows[SB_TYPE_F16] = store_rows_f16;
+    k->store_rows[SB_TYPE_Q8_0] = store_rows_q8_0;
     k->swiglu = swiglu_f32;
+    k->softmax = softmax_f32;
     k->gemm[SB_TYPE_F32] = gemm_f32;
     k->gemm[SB_TYPE_F16] = gemm_f16;
     k->gemm[SB_TYPE_BF16] = gemm_bf16;
