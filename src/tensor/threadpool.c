@@ -13,8 +13,8 @@
  * it adds the chunks it ran to `done` once, when nothing is left to claim.
  * The caller waits for `done` to reach n_chunks, after which the loop's
  * memory may be reused. One shared counter for claims and one for completions
- * cost two contended cache-line transfers per chunk (about 0.1 ms of each
- * 5 ms step at 8 streams, where steps have ~3000 chunks).
+ * cost two contended cache-line transfers per chunk, and an 8-stream step has
+ * ~3000 chunks (replacing them: server 1 stream +12%, engine 8 streams +5%).
  *
  * When another process takes a core, a worker that shares it runs its
  * chunks at a fraction of the speed and the caller ends every loop waiting
