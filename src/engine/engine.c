@@ -604,8 +604,6 @@ sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *para
         p.n_threads < 0)
         return sb_fail(err, SB_ERR_INVALID_ARG, "engine parameters must be positive (n_ctx %d, parallel %d, batch %d, "
                        "queue %d, block %d)", p.n_ctx, p.n_parallel, p.max_batch_tokens, p.max_queue, p.block_size);
-    if (p.cache_type != SB_CACHE_F32 && p.cache_type != SB_CACHE_F16 && p.cache_type != SB_CACHE_Q8_0)
-        return sb_fail(err, SB_ERR_INVALID_ARG, "cache_type %d is not an sb_cache_type", (int)p.cache_type);
     p.n_ctx = (p.n_ctx + p.block_size - 1) / p.block_size * p.block_size;
     p.max_batch_tokens = SB_MAX(p.max_batch_tokens, p.n_parallel); /* every running sequence can decode */
     sb_engine *e = sb_calloc(1, sizeof(*e));

@@ -41,8 +41,6 @@ sb_status sb_ctx_create(const sb_model_t *model, const sb_ctx_params *params, sb
     if (p.n_ctx < 0 || p.n_threads < 0)
         return sb_fail(err, SB_ERR_INVALID_ARG, "n_ctx (%d) and n_threads (%d) must not be negative", p.n_ctx,
                        p.n_threads);
-    if (p.cache_type != SB_CACHE_F32 && p.cache_type != SB_CACHE_F16 && p.cache_type != SB_CACHE_Q8_0)
-        return sb_fail(err, SB_ERR_INVALID_ARG, "cache_type %d is not an sb_cache_type", (int)p.cache_type);
     if (p.n_ctx == 0)
         p.n_ctx = SB_MIN(model->hp.n_ctx_train, SB_DEFAULT_MAX_CTX);
     sb_ctx *c = sb_calloc(1, sizeof(*c));

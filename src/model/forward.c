@@ -484,8 +484,14 @@ void sb_forward_free(sb_forward *f) {
 sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t block_size, sb_cache_type type,
                      sb_error *err) {
     const sb_hparams *hp = &m->hp;
-    const sb_type t = type == SB_CACHE_F16 ? SB_TYPE_F16 : type == SB_CACHE_Q8_0 ? SB_TYPE_Q8_0 : SB_TYPE_F32;
     *kv = (sb_kv){0};
+    sb_type t;
+    switch (type) {
+    case SB_CACHE_F32: t = SB_TYPE_F32; break;
+    case SB_CACHE_F16: t = SB_TYPE_F16; break;
+    case SB_CACHE_Q8_0: t = SB_TYPE_Q8_0; break;
+    default: return sb_fail(err, SB_ERR_INVALID_ARG, "cache_type %d is not an sb_cache_type", (int)type);
+    }
     if (hp->head_dim % (int32_t)sb_type_traits_of(t)->blck_size != 0)
         return sb_fail(err, SB_ERR_INVALID_ARG, "a %s KV cache needs a head size that is a multiple of %u (this model: %d)",
                        sb_cache_type_name(type), sb_type_traits_of(t)->blck_size, hp->head_dim);

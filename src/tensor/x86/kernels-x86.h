@@ -1276,14 +1276,18 @@ static void store_rows_f32(int64_t n, int64_t nr, const float *src, void *dstv, 
 /* F16 and Q8_0 rows are converted on the way by the level's activation
  * conversion (a KV cache in those types holds half or a quarter of the
  * bytes anyway). */
-static void store_rows_f16(int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride) {
+SBX_ALWAYS void store_rows_through(sb_from_float_fn convert, int64_t n, int64_t nr, const float *src, void *dst,
+                                   size_t dst_stride) {
     for (int64_t r = 0; r < nr; r++)
-        act_f16(src + (size_t)r * (size_t)n, (uint8_t *)dst + (size_t)r * dst_stride, n);
+        convert(src + (size_t)r * (size_t)n, (uint8_t *)dst + (size_t)r * dst_stride, n);
+}
+
+static void store_rows_f16(int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride) {
+    store_rows_through(act_f16, n, nr, src, dst, dst_stride);
 }
 
 static void store_rows_q8_0(int64_t n, int64_t nr, const float *src, void *dst, size_t dst_stride) {
-    for (int64_t r = 0; r < nr; r++)
-        act_q8_0(src + (size_t)r * (size_t)n, (uint8_t *)dst + (size_t)r * dst_stride, n);
+    store_rows_through(act_q8_0, n, nr, src, dst, dst_stride);
 }
 
 /* ---- swiglu ---- */
