@@ -117,6 +117,12 @@ static uint64_t xgetbv0(void) {
     return (uint64_t)edx << 32 | eax;
 }
 
+/* GFNI (one byte-wise bit-matrix product): CPUID leaf 7, ECX bit 8. */
+static bool detect_gfni(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 8 & 1);
+}
+
 static sb_cpu_level detect_level(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d))
@@ -165,6 +171,7 @@ static void init(void) {
     if (cpu_level >= SB_CPU_AVX512) {
         tables[SB_CPU_AVX512] = tables[SB_CPU_SCALAR];
         tables[SB_CPU_AVX512].level = SB_CPU_AVX512;
+        tables[SB_CPU_AVX512].gfni = detect_gfni();
         sb__kernels_fill_avx512(&tables[SB_CPU_AVX512]);
     }
 #endif

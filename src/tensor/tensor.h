@@ -189,6 +189,7 @@ typedef struct sb_packing {
 
 typedef struct sb_kernels {
     sb_cpu_level level;
+    bool gfni; /* the CPU has GFNI: the AVX-512 level's packed Q4_0 gemm unpacks with it */
     sb_axpy_fn axpy[SB_TYPE_COUNT];             /* by row type: the KV cache's, F32, F16 and Q8_0 */
     sb_store_rows_fn store_rows[SB_TYPE_COUNT]; /* by destination type: the KV cache's, F32, F16 and Q8_0 */
     sb_swiglu_fn swiglu;
