@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
     const char *path = NULL, *list = "1,4,8,16";
     int threads = 2, tokens = 64, reps = 3;
     float temp = 0.8f;
-    sb_cache_type cache_type = SB_CACHE_F32;
+    sb_cache_type cache_type = sb_engine_default_params().cache_type; /* the server's */
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;

@@ -17,7 +17,7 @@
 static const char serve_usage[] =
     "usage: switchboard serve -m FILE [--host 127.0.0.1] [--port 8080] [--ctx N] [--parallel N] [--threads N]\n"
     "                         [--alias NAME] [--max-batch-tokens N] [--max-body BYTES] [--max-queue N]\n"
-    "                         [--timeout SECONDS] [--cache-type f32|f16|q8_0] [--quiet]\n";
+    "                         [--timeout SECONDS] [--cache-type f32|f16|q8_0 (f16)] [--quiet]\n";
 
 static void log_line(void *user, const char *line) { fprintf(stderr, "switchboard serve: %s\n", line); }
 

@@ -104,7 +104,7 @@ static double now_s(void) {
 
 sb_engine_params sb_engine_default_params(void) {
     return (sb_engine_params){.n_ctx = 4096, .n_parallel = 8, .max_batch_tokens = 512, .max_queue = 256,
-                              .n_threads = 0, .block_size = 16, .cache_type = SB_CACHE_F32};
+                              .n_threads = 0, .block_size = 16, .cache_type = SB_CACHE_F16};
 }
 
 /* ---- sequences ------------------------------------------------------------ */

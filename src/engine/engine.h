@@ -38,7 +38,9 @@ typedef struct sb_engine_params {
     int32_t max_queue;        /* most requests waiting; beyond it submit fails with SB_ERR_BUSY */
     int32_t n_threads;        /* 0: one per online core */
     int32_t block_size;       /* KV positions per block (prefix sharing granularity) */
-    sb_cache_type cache_type; /* what the KV cache holds keys and values in */
+    sb_cache_type cache_type; /* what the KV cache holds keys and values in; F16 by default, as
+                                 llama-server's: half of F32's memory per position, so twice the
+                                 sequences or context fit, and attention reads half the bytes */
 } sb_engine_params;
 sb_engine_params sb_engine_default_params(void);
 
