@@ -27,6 +27,7 @@ struct sb_srv_gen {
     sb_srv *srv;
     atomic_int refs;
     int client_fd;
+    bool wake_each; /* streaming: the connection thread wakes for every token, else when a choice ends */
     pthread_mutex_t mu;
     pthread_cond_t cv; /* signalled when an event is queued */
     int32_t n_slots;
@@ -122,7 +123,8 @@ static void on_event(void *user, const sb_gen_event *ev) {
         s->done = true;
         g->n_live--;
     }
-    pthread_cond_signal(&g->cv);
+    if (done || g->wake_each)
+        pthread_cond_signal(&g->cv);
     pthread_mutex_unlock(&g->mu);
     if (done)
         sb_srv_gen_release(g);
@@ -149,6 +151,7 @@ sb_status sb_srv_gen_submit(sb_srv *srv, const sb_oai_req *req, int client_fd, s
     g->srv = srv;
     atomic_init(&g->refs, 1);
     g->client_fd = client_fd;
+    g->wake_each = req->stream;
     g->slots = slots;
     g->n_slots = req->n_choices;
     pthread_mutex_init(&g->mu, NULL);

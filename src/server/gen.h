@@ -4,7 +4,9 @@
  * events arrive on.
  *
  * The engine callback runs on the engine thread: it copies the event into
- * the queue, signals, and returns without waiting for anything. The
+ * the queue, signals (for a streaming request every token, otherwise only
+ * a finished choice: a thread woken per token would take a core from the
+ * engine for nothing), and returns without waiting for anything. The
  * connection thread takes events with sb_srv_gen_next, which also watches
  * the client's socket, so a client that hangs up gets its engine requests
  * cancelled within one poll interval even when no token is due.
@@ -56,7 +58,8 @@ typedef struct sb_srv_gen sb_srv_gen;
  * SB_ERR_UNSUPPORTED while the server is not ready. */
 sb_status sb_srv_gen_submit(sb_srv *srv, const sb_oai_req *req, int client_fd, sb_srv_gen **out, sb_error *err);
 
-/* Waits until events arrive and returns them in arrival order (free with
+/* Waits until events arrive (a non-streaming request: until a choice
+ * finishes) and returns them in arrival order (free with
  * sb_srv_events_free), or returns NULL when every choice has already
  * finished and nothing is left. If the client hangs up meanwhile, cancels
  * the engine requests, sets *gone and returns NULL. */
