@@ -32,8 +32,7 @@ static size_t packable(sb_model *m, sb_weight **out) {
     return n;
 }
 
-/* madvise() over the whole `unit`s inside [p, p + size), if any. */
-static void advise_inside(const void *p, size_t size, uintptr_t unit, int advice) {
+void sb__advise_inside(const void *p, size_t size, uintptr_t unit, int advice) {
     const uintptr_t lo = sb_align_up((uintptr_t)p, unit), hi = sb_align_down((uintptr_t)p + size, unit);
     if (hi > lo)
         madvise((void *)lo, hi - lo, advice);
@@ -54,7 +53,7 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
     uint8_t *dst = (uint8_t *)sb_align_up((uintptr_t)m->packed, 64);
     /* Huge pages where the system gives them on request: the kernels stream
      * the whole copy every token, and 4 KiB pages cost a TLB miss each. */
-    advise_inside(dst, total, (uintptr_t)2 << 20, MADV_HUGEPAGE);
+    sb__advise_inside(dst, total, (uintptr_t)2 << 20, MADV_HUGEPAGE);
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (size_t i = 0; i < n; i++) {
         sb_weight *w = list[i];
@@ -63,7 +62,7 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
         /* The file's copy is not read again: its whole pages leave memory
          * (only from a file mapping: this would zero anonymous memory). */
         if (m->gguf->mapped)
-            advise_inside(w->data, size, page, MADV_DONTNEED);
+            sb__advise_inside(w->data, size, page, MADV_DONTNEED);
         w->data = dst;
         w->packed = true;
         dst += sb_align_up(size, 64);
