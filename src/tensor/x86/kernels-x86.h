@@ -822,13 +822,18 @@ SBX_ALWAYS vf qb_scales(const uint8_t *p, vi off) {
 #endif
 }
 
-/* acc + the sums of 4 products (w unsigned, x signed) per int32 lane. */
-SBX_ALWAYS vi qb_dot4(vi acc, vi w, int32_t x4) {
+/* acc + the sums of 4 products per int32 lane: w's bytes (unsigned) times
+ * the 4 signed bytes at x. With AVX-512 the broadcast of x is the product's
+ * own memory operand ({1to16}), one fused uop where gcc emits a separate
+ * broadcast: at 8 tokens the tile's 64 products per block are bound by
+ * issue width, and this measured +5-8% (hot, one thread). */
+SBX_ALWAYS vi qb_dot4(vi acc, vi w, const uint8_t *x) {
 #if SBX_AVX512
-    return _mm512_dpbusd_epi32(acc, w, vi_set1_32(x4));
+    __asm__("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "m"(*(const int32_t *)x));
+    return acc;
 #else
     /* maddubs pairs stay below 2 * 15 * 128: no saturation. */
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(x4)),
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(load_i32(x))),
                                                    _mm256_set1_epi16(1)));
 #endif
 }
@@ -853,19 +858,6 @@ SBX_ALWAYS vi qb_high_nibbles(vi v, vi m4, bool gfni) {
     (void)gfni;
 #endif
     return vi_and(vi_srli16(v, 4), m4);
-}
-
-/* qb_dot4 with the 4 activation bytes at p. With AVX-512 the broadcast is
- * the product's own memory operand ({1to16}), one fused uop where gcc emits
- * a separate broadcast: at 8 tokens the tile's 64 products per block are
- * bound by issue width, and this measured +5-8% (hot, one thread). */
-SBX_ALWAYS vi qb_dot4_at(vi acc, vi w, const uint8_t *p) {
-#if SBX_AVX512
-    __asm__("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "m"(*(const int32_t *)p));
-    return acc;
-#else
-    return qb_dot4(acc, w, load_i32(p));
-#endif
 }
 
 /* T tokens against the QB_R rows from w (rows past `rows` repeat the last;
@@ -932,7 +924,7 @@ SBX_ALWAYS void qb_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t
             memcpy(&dx, c + 4, sizeof(dx));
             vi s = vi_set1_32(load_i32(c));
             SBX_UNROLL for (int k = 0; k < 8; k++)
-                s = qb_dot4_at(s, wq[k], xq + 4 * k);
+                s = qb_dot4(s, wq[k], xq + 4 * k);
             acc[t] = vf_fma(vf_sub(vi_as_vf(s), magic), vf_mul(dw, vf_set1(dx)), acc[t]);
         }
     }
@@ -949,8 +941,8 @@ SBX_ALWAYS void qb_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t
 /* Tiles of QB_R rows outer, passes of QB_T tokens inner, so a tile's rows
  * are read from memory once per call; xc: the tokens' prepared terms, xcs
  * apart. */
-SBX_ALWAYS void qb_tiles(bool packed, bool gfni, int64_t nb, const uint8_t *w, size_t ws, int64_t nr, const uint8_t *x,
-                         size_t xs, const uint8_t *xc, size_t xcs, int64_t nt, float *y, size_t ldy) {
+SBX_ALWAYS void qb_tiles(bool packed, bool gfni, int64_t nb, const uint8_t *w, size_t ws, int64_t nr,
+                         const uint8_t *x, size_t xs, const uint8_t *xc, size_t xcs, int64_t nt, float *y, size_t ldy) {
     for (int64_t r = 0; r < nr; r += QB_R) {
         const int rows = nr - r < QB_R ? (int)(nr - r) : QB_R;
         for (int64_t t = 0; t < nt; t += QB_T) {
