@@ -279,19 +279,21 @@ static void attend_group_head(void *arg, int64_t chunk, int ith) {
     }
     /* The head's keys and values lie in short runs (one per block) spread
      * over the cache, which the hardware prefetcher does not follow: ask for
-     * all of them at once, so that their misses overlap. */
+     * all the keys at once, so that their misses overlap, and for each run's
+     * values as its keys are multiplied, so that they do not compete with
+     * the keys for the misses in flight (8 streams: attention -5%). */
     for (int32_t p = first; p <= last;) {
         int32_t slot = p % bs, run = SB_MIN(bs - slot, last + 1 - p);
         const char *k0 = (const char *)sb_kv_k(j->kv, j->il, blocks[p / bs], kvh, slot);
-        const char *v0 = (const char *)sb_kv_v(j->kv, j->il, blocks[p / bs], kvh, slot);
-        for (size_t o = 0; o < (size_t)run * kv_stride; o += 64) {
+        for (size_t o = 0; o < (size_t)run * kv_stride; o += 64)
             __builtin_prefetch(k0 + o);
-            __builtin_prefetch(v0 + o);
-        }
         p += run;
     }
     for (int32_t p = first; p <= last;) {
         int32_t slot = p % bs, run = SB_MIN(bs - slot, last + 1 - p);
+        const char *v0 = (const char *)sb_kv_v(j->kv, j->il, blocks[p / bs], kvh, slot);
+        for (size_t o = 0; o < (size_t)run * kv_stride; o += 64)
+            __builtin_prefetch(v0 + o);
         const void *k0 = sb_kv_k(j->kv, j->il, blocks[p / bs], kvh, slot);
         kern->gemm[kt](hd, k0, kv_stride, run, qx, q_stride, nq, scores + (p - first), (size_t)npos);
         p += run;
