@@ -68,7 +68,8 @@ const rssMiB = () => {
 const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
 
 // POSTs body as JSON to path; onChunk(text) gets the response as it arrives.
-// Resolves with the status once the response has ended.
+// Resolves with the status once the response has ended; rejects with what
+// onChunk throws (the connection is then dropped).
 function post(path, body, onChunk) {
   const data = JSON.stringify(body);
   return new Promise((resolve, reject) => {
@@ -77,7 +78,14 @@ function post(path, body, onChunk) {
       headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(data) },
     }, (res) => {
       res.setEncoding('utf8');
-      res.on('data', onChunk);
+      res.on('data', (part) => {
+        try {
+          onChunk(part);
+        } catch (err) {
+          req.destroy();
+          reject(err);
+        }
+      });
       res.on('end', () => resolve(res.statusCode));
       res.on('error', reject);
     });
