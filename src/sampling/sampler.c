@@ -17,8 +17,8 @@
  *
  * Cost per token: O(n_vocab) to copy and scan the logits. With top-k on,
  * the k best are kept in a k-sized heap (O(log k) per candidate that enters
- * it), and blocks of the vocabulary whose largest logit cannot enter it are
- * passed over after one vectorisable scan; without top-k, candidates are
+ * it), and blocks of the vocabulary with no logit that can enter it are
+ * passed over after one vectorisable test; without top-k, candidates are
  * ranked lazily from a heap of the whole vocabulary, O(log n_vocab) each,
  * only as far as top-p and min-p look. Nothing is allocated after create.
  */
@@ -200,32 +200,41 @@ static void apply_penalties(sb_sampler_t *s) {
     }
 }
 
-/* The largest of v[0..n) (n > 0, no NaN), in 8 independent running maxima
- * (one chain would wait on every comparison; these vectorise). */
-static float max_of(const float *v, size_t n) {
-    float m[8];
-    for (int j = 0; j < 8; j++)
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+
+/* The largest of v[0..n) (n > 0, no NaN), in 16 independent running maxima
+ * (one chain would wait on every comparison; gcc does not vectorise a float
+ * max reduction by itself). Inlined into its callers, so it takes each one's
+ * vector width. */
+static inline float max_of(const float *v, size_t n) {
+    f32x16 m;
+    for (int j = 0; j < 16; j++)
         m[j] = v[0];
     size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            m[j] = v[i + j] > m[j] ? v[i + j] : m[j];
+    for (; i + 16 <= n; i += 16) {
+        f32x16 x;
+        memcpy(&x, v + i, sizeof(x));
+        const i32x16 gt = x > m;
+        m = (f32x16)((gt & (i32x16)x) | (~gt & (i32x16)m));
+    }
+    float best = m[0];
+    for (int j = 1; j < 16; j++)
+        best = m[j] > best ? m[j] : best;
     for (; i < n; i++)
-        m[0] = v[i] > m[0] ? v[i] : m[0];
-    for (int j = 1; j < 8; j++)
-        m[0] = m[j] > m[0] ? m[j] : m[0];
-    return m[0];
+        best = v[i] > best ? v[i] : best;
+    return best;
 }
 
-/* Copies logits into s->logits, applies the penalties, and tames
- * non-numbers: NaN becomes -inf (banned, like a masked token) and +inf the
- * largest float, which still wins but keeps softmax arithmetic finite.
- * Returns the greedy choice: the best token, the lowest id among ties, and
- * token 0 if every token is banned. */
-SB_SAMPLER_CLONES static float tame_and_max(float *v, size_t n) {
+/* dst[i] = src[i] tamed (dst may be src): NaN becomes -inf (banned, like a
+ * masked token) and +inf the largest float, which still wins but keeps
+ * softmax arithmetic finite. Returns the largest tamed value. One pass: the
+ * logits arrive from the other threads' caches, and every pass over the
+ * vocabulary costs about as much as the arithmetic. */
+SB_SAMPLER_CLONES static float tame_max(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++)
-        v[i] = v[i] != v[i] ? -INFINITY : v[i] == INFINITY ? FLT_MAX : v[i];
-    return max_of(v, n);
+        dst[i] = src[i] != src[i] ? -INFINITY : src[i] == INFINITY ? FLT_MAX : src[i];
+    return max_of(dst, n);
 }
 
 /* The first i with v[i] == x (x is in v), a block of 64 at a time (one
@@ -244,12 +253,15 @@ SB_SAMPLER_CLONES static size_t first_index(const float *v, size_t n, float x) {
     return i;
 }
 
-static int32_t load_logits(sb_sampler_t *s, const float *logits) {
+/* Copies logits into s->logits, penalised and tamed; returns the largest. */
+static float load_logits(sb_sampler_t *s, const float *logits) {
     float *v = s->logits;
     const size_t n = (size_t)s->n_vocab;
+    if (!s->counts)
+        return tame_max(v, logits, n);
     memcpy(v, logits, n * sizeof(*v));
     apply_penalties(s);
-    return (int32_t)first_index(v, n, tame_and_max(v, n));
+    return tame_max(v, v, n);
 }
 
 /* ---- ranking ----------------------------------------------------------- */
@@ -291,31 +303,38 @@ static candidate pop_best(candidate *h, size_t *n) {
     return top;
 }
 
-/* Logits per block of the top-k scan: one max over a block decides whether
- * any of it can enter the heap. */
-#define SCAN_BLOCK 64
+/* The first j >= i with v[j] > x, or n: a block of 64 at a time (one
+ * vectorisable test per block). */
+SB_SAMPLER_CLONES static size_t next_above(const float *v, size_t i, size_t n, float x) {
+    for (; i + 64 <= n; i += 64) {
+        int hit = 0;
+        for (int j = 0; j < 64; j++)
+            hit |= v[i + j] > x;
+        if (hit)
+            break;
+    }
+    while (i < n && !(v[i] > x))
+        i++;
+    return i;
+}
 
 /* Writes the k best unbanned tokens of v[0..n) to out[], best first, and
  * returns how many there are (fewer than k if fewer are unbanned). Tokens
  * are scanned in id order, so a later token beats the heap's worst only
- * with a strictly larger logit, and a block whose largest logit is not
- * larger is passed over whole: after the first few thousand tokens nearly
- * all are. O(log k) per token that enters the running top k. */
+ * with a strictly larger logit, and the scan for the next such token
+ * passes over blocks in one vector test each: after the first few thousand
+ * tokens nearly all blocks hold none. O(log k) per token that enters the
+ * running top k. */
 static size_t select_best(const float *v, size_t n, size_t k, candidate *out) {
     size_t m = 0, i = 0;
     for (; i < n && m < k; i++)
         if (v[i] > -INFINITY)
             out[m++] = (candidate){(int32_t)i, v[i]};
     heapify(out, m, true);
-    while (m == k && i < n) {
-        const size_t end = i + SCAN_BLOCK < n ? i + SCAN_BLOCK : n;
-        if (max_of(v + i, end - i) > out[0].logit)
-            for (size_t j = i; j < end; j++)
-                if (v[j] > out[0].logit) {
-                    out[0] = (candidate){(int32_t)j, v[j]};
-                    sift_down(out, k, 0, true);
-                }
-        i = end;
+    while (m == k && (i = next_above(v, i, n, out[0].logit)) < n) {
+        out[0] = (candidate){(int32_t)i, v[i]};
+        sift_down(out, k, 0, true);
+        i++;
     }
     /* Heapsort: moving the worst to the back each time leaves out[] best first. */
     for (size_t end = m; end > 1; end--) {
@@ -473,11 +492,11 @@ static int32_t draw(sb_sampler_t *s, float *w, const int32_t *ids, size_t n, flo
 }
 
 int32_t sb_sampler_sample(sb_sampler_t *s, const float *logits) {
-    const int32_t best = load_logits(s, logits);
-    const float max = s->logits[best];
-    /* With everything banned there is no preference: greedy's tie rule. */
+    const float max = load_logits(s, logits);
+    /* Greedy: the best token, the lowest id among ties; with everything
+     * banned there is no preference, and the same rule picks token 0. */
     if (s->params.temperature == 0.0f || max == -INFINITY)
-        return best;
+        return (int32_t)first_index(s->logits, (size_t)s->n_vocab, max);
     candidate *survivors;
     size_t n_survivors = apply_filters(s, max, &survivors);
     if (!survivors) /* no filter: every token, banned ones weigh 0 */
