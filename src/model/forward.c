@@ -199,17 +199,35 @@ static void softcap(float *x, size_t n, float cap) {
         x[i] = tanhf(x[i] * (1.0f / cap)) * cap;
 }
 
+static sb_matmul_dst product_into(const sb_weight *w, float *y) {
+    return (sb_matmul_dst){.type = w->type, .w = w->data, .packed = w->packed, .n_out = w->n_out, .y = y};
+}
+
 /* Up to three products of the same input, converted once, in one parallel loop. */
 static void matmul3(sb_forward *f, const float *x, int32_t n_tok, const sb_weight *const *w, float *const *y, int n) {
     sb_matmul_dst d[3];
     for (int i = 0; i < n; i++)
-        d[i] = (sb_matmul_dst){
-            .type = w[i]->type, .w = w[i]->data, .packed = w[i]->packed, .n_out = w[i]->n_out, .y = y[i]};
+        d[i] = product_into(w[i], y[i]);
     sb_matmul_many(f->pool, d, n, w[0]->n_in, x, n_tok, f->work);
 }
 
 static void matmul(sb_forward *f, const sb_weight *w, const float *x, int32_t n_tok, float *y) {
     matmul3(f, x, n_tok, &w, &y, 1);
+}
+
+/* The residual stream's update at the end of a block: x += w in (the
+ * product in xb). The product's chunks add their own rows as they finish
+ * them; post-norm models (post_norm set) normalize the product first, so
+ * they add it in a pass of their own. */
+static void update_residual(sb_forward *f, const sb_weight *w, const float *in, int32_t n, const sb_weight *post_norm) {
+    sb_matmul_dst d = product_into(w, f->xb);
+    d.residual = post_norm ? NULL : f->x;
+    sb_matmul_many(f->pool, &d, 1, w->n_in, in, n, f->work);
+    if (!post_norm)
+        return;
+    rmsnorm_rows(f, f->xb, f->xb, post_norm->data, n);
+    for (size_t j = 0; j < (size_t)n * f->model->hp.n_embd; j++)
+        f->x[j] += f->xb[j];
 }
 
 /* ---- attention ------------------------------------------------------------ */
@@ -324,7 +342,7 @@ static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batc
     const sb_hparams *hp = &m->hp;
     const sb_arch_desc *a = hp->arch;
     const sb_layer *ly = &m->layers[il];
-    int32_t dim = hp->n_embd, hd = hp->head_dim;
+    int32_t hd = hp->head_dim;
     int32_t q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     float *q = f->q, *k = f->k, *v = f->v;
 
@@ -360,18 +378,14 @@ static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batc
     attention_job job = {f, kv, batch, ly, il, q, f->group_start};
     sb_threadpool_for(f->pool, (int64_t)n_groups * hp->n_head, attend_group_head, &job);
 
-    matmul(f, &ly->wo, f->att, n, f->xb);
-    if (a->post_norms)
-        rmsnorm_rows(f, f->xb, f->xb, ly->post_attn_norm.data, n);
-    for (size_t j = 0; j < (size_t)n * dim; j++)
-        f->x[j] += f->xb[j];
+    update_residual(f, &ly->wo, f->att, n, a->post_norms ? &ly->post_attn_norm : NULL);
 }
 
 static void ffn_block(sb_forward *f, int32_t n, int32_t il) {
     const sb_hparams *hp = &f->model->hp;
     const sb_arch_desc *a = hp->arch;
     const sb_layer *ly = &f->model->layers[il];
-    int32_t dim = hp->n_embd, ff = hp->n_ff;
+    int32_t ff = hp->n_ff;
 
     rmsnorm_rows(f, f->xb, f->x, ly->ffn_norm.data, n);
     if (a->fused_gate_up) {
@@ -382,17 +396,13 @@ static void ffn_block(sb_forward *f, int32_t n, int32_t il) {
             memcpy(f->hb2 + (size_t)i * ff, row, (size_t)ff * sizeof(float));
             glu(f->hb2 + (size_t)i * ff, row + ff, (size_t)ff, a->act);
         }
-        matmul(f, &ly->w_down, f->hb2, n, f->xb);
     } else {
         matmul3(f, f->xb, n, (const sb_weight *[]){&ly->w_gate, &ly->w_up}, (float *[]){f->hb, f->hb2}, 2);
         token_job gj = {.f = f, .n = n};
         sb_threadpool_for(f->pool, ((int64_t)n * ff + GLU_CHUNK - 1) / GLU_CHUNK, glu_chunk, &gj);
-        matmul(f, &ly->w_down, f->hb, n, f->xb);
     }
-    if (a->post_norms)
-        rmsnorm_rows(f, f->xb, f->xb, ly->post_ffn_norm.data, n);
-    for (size_t j = 0; j < (size_t)n * dim; j++)
-        f->x[j] += f->xb[j];
+    update_residual(f, &ly->w_down, a->fused_gate_up ? f->hb2 : f->hb, n,
+                    a->post_norms ? &ly->post_ffn_norm : NULL);
 }
 
 int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, int32_t n) {

@@ -33,7 +33,7 @@ typedef struct matmul_part {
     const char *w;
     size_t w_row;
     int64_t n_out, rows_per_chunk, first_chunk;
-    float *y;
+    float *y, *residual;
 } matmul_part;
 
 typedef struct matmul_job {
@@ -71,6 +71,10 @@ static void dot_rows(void *arg, int64_t chunk, int ith) {
         r1 = p->n_out;
     p->gemm(j->n_in, p->w + (size_t)r0 * p->w_row, p->w_row, r1 - r0, j->xq, j->x_row, j->n_tok, p->y + r0,
             (size_t)p->n_out);
+    if (p->residual)
+        for (int64_t t = 0; t < j->n_tok; t++)
+            for (int64_t r = r0; r < r1; r++)
+                p->residual[t * p->n_out + r] += p->y[t * p->n_out + r];
 }
 
 /* Rows per chunk: enough chunks that a descheduled thread holds up little
@@ -143,6 +147,7 @@ void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t 
             .rows_per_chunk = chunk_rows(dst[i].n_out, sb_threadpool_n_threads(tp)),
             .first_chunk = n_chunks,
             .y = dst[i].y,
+            .residual = dst[i].residual,
         };
         n_chunks += (p->n_out + p->rows_per_chunk - 1) / p->rows_per_chunk;
     }

@@ -102,7 +102,7 @@ float sb__q4_0_block_fma(const uint8_t *w, const uint8_t *x, float acc);
 float sb__silu_ref(float x);
 void sb__swiglu_ref(int64_t n, float *gate, const float *up);
 void sb__softmax_ref(int64_t n, float *x);
-/* softmax's last step: x[i] * (1 / sum), the sum in double in index order. */
+/* softmax's last step: x[i] * (1 / sum), the sum in double in 8 lanes. */
 void sb__softmax_normalize(int64_t n, float *x);
 
 /* ISA levels (x86/kernels-*.c): each overrides, in a table that starts as a

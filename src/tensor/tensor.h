@@ -165,7 +165,7 @@ typedef void (*sb_store_rows_fn)(int64_t n, int64_t nr, const float *src, void *
 typedef void (*sb_swiglu_fn)(int64_t n, float *gate, const float *up);
 
 /* x[i] = e^(x[i] - max) / sum for i < n (n >= 1, finite x), e^ as ggml_v_expf
- * (see swiglu), the sum in double in index order, then one multiplication
+ * (see swiglu), the sum in double in 8 lanes (act.c), then one multiplication
  * by its float reciprocal: the same bytes at every level. Attention's
  * weights. */
 typedef void (*sb_softmax_fn)(int64_t n, float *x);
@@ -241,7 +241,10 @@ typedef struct sb_matmul_dst {
     const void *w;
     bool packed; /* w is sb_weight_pack's layout */
     int64_t n_out;
-    float *y; /* (n_tok, n_out) */
+    float *y;       /* (n_tok, n_out) */
+    float *residual; /* NULL, or (n_tok, n_out): then also residual += y, each
+                      * chunk for its own rows as it finishes them (a model's
+                      * residual stream, without a pass over it on one thread) */
 } sb_matmul_dst;
 void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t n_in, const float *x, int64_t n_tok,
                     void *work);

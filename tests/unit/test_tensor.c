@@ -664,10 +664,20 @@ static void test_matmul_many_equals_one_by_one(void **state) {
             work_size = work_size > sb_matmul_work_size(type, N_IN, N_TOK) ? work_size
                                                                             : sb_matmul_work_size(type, N_IN, N_TOK);
         }
+        /* The second product also updates a residual stream. */
+        float *residual = malloc(sizeof(float) * N_TOK * n_out[1]), *residual0 = malloc(sizeof(float) * N_TOK * n_out[1]);
+        for (int64_t k = 0; k < N_TOK * n_out[1]; k++)
+            residual[k] = residual0[k] = rng_float() * 2.0f;
+        dst[1].residual = residual;
         void *work = malloc(work_size);
         for (int m = 0; m < 3; m++)
             sb_matmul(NULL, dst[m].type, dst[m].w, N_IN, n_out[m], x, N_TOK, want[m], work);
         sb_matmul_many(tp, dst, 3, N_IN, x, N_TOK, work);
+        for (int64_t k = 0; k < N_TOK * n_out[1]; k++)
+            residual0[k] += want[1][k];
+        assert_memory_equal(residual, residual0, sizeof(float) * N_TOK * n_out[1]);
+        free(residual);
+        free(residual0);
         for (int m = 0; m < 3; m++) {
             assert_memory_equal(dst[m].y, want[m], sizeof(float) * N_TOK * n_out[m]);
             free((void *)dst[m].w);
