@@ -103,7 +103,7 @@ struct sb_model {
     sb_weight output;      /* (n_vocab, n_embd); tok_embd when the file ties them */
     sb_weight rope_freqs;  /* optional (n_rot/2) divisors of the rotation frequencies (Llama 3.1) */
     sb_layer *layers;      /* n_layer */
-    void *packed;          /* the packed copies of the matrices the kernels pack (one allocation) */
+    void *packed;          /* the packed matrices and the embedding table's copy (one allocation) */
 };
 
 /* Architecture table (arch.c). */
@@ -122,8 +122,9 @@ typedef struct sb_tensor_spec {
 size_t sb_arch_layer_tensors(const sb_hparams *hp, int32_t il, sb_layer *l, sb_tensor_spec *out);
 /* Reads the architecture's hyper-parameters and binds its tensors. */
 sb_status sb_arch_load(sb_model *m, sb_error *err);
-/* Moves the matrices the active kernels multiply faster packed into
- * m->packed (the mapping's pages of the originals are given back). */
+/* Moves the matrices the active kernels multiply faster packed, and the
+ * token embedding table as it is, into m->packed (huge pages where the
+ * system gives them; the mapping's pages of the originals are given back). */
 sb_status sb_model_pack(sb_model *m, sb_error *err);
 
 /* ---- paged KV storage ---------------------------------------------------- */
