@@ -48,4 +48,15 @@ static inline uintptr_t sb_align_up(uintptr_t x, uintptr_t a) { return sb_align_
 #define SB_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SB_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* A plain-C loop built for several x86 vector widths, one picked when the
+ * program loads (gcc's function multi-versioning): for element-wise work
+ * outside the kernel tables (the sampler's passes over the vocabulary, the
+ * model's norms). Every version does the same operations in the same order,
+ * so they give the same bytes as long as nothing contracts into an FMA. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SB_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SB_VECTOR_CLONES
+#endif
+
 #endif

@@ -38,8 +38,11 @@
 /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for one row of n. The
  * float squares are summed in double as ggml does, but in eight running
  * sums (one chain waits on every add; these vectorise): the same double
- * unless a partial sum rounds, which needs squares more than 2^29 apart. */
-static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps) {
+ * unless a partial sum rounds, which needs squares more than 2^29 apart.
+ * Built for the machine's vector width: the norms of a batch run on one
+ * thread between parallel loops (8 tokens: 181 -> 152 us per step of such
+ * work, 110M model). */
+SB_VECTOR_CLONES static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps) {
     double part[8] = {0};
     int32_t i = 0;
     for (; i + 8 <= n; i += 8)

@@ -30,14 +30,6 @@
 #include "base/base.h"
 #include "base/rng.h"
 
-/* The loops over the whole vocabulary, built for several x86 vector widths
- * and picked when the program loads (gcc's function multi-versioning). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SB_SAMPLER_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SB_SAMPLER_CLONES
-#endif
-
 /* Tokens per block of the draw: the blocks' sums locate the drawn one. */
 #define DRAW_BLOCK 64
 
@@ -231,7 +223,7 @@ static inline float max_of(const float *v, size_t n) {
  * softmax arithmetic finite. Returns the largest tamed value. One pass: the
  * logits arrive from the other threads' caches, and every pass over the
  * vocabulary costs about as much as the arithmetic. */
-SB_SAMPLER_CLONES static float tame_max(float *dst, const float *src, size_t n) {
+SB_VECTOR_CLONES static float tame_max(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++)
         dst[i] = src[i] != src[i] ? -INFINITY : src[i] == INFINITY ? FLT_MAX : src[i];
     return max_of(dst, n);
@@ -239,7 +231,7 @@ SB_SAMPLER_CLONES static float tame_max(float *dst, const float *src, size_t n) 
 
 /* The first i with v[i] == x (x is in v), a block of 64 at a time (one
  * vectorisable test per block). */
-SB_SAMPLER_CLONES static size_t first_index(const float *v, size_t n, float x) {
+SB_VECTOR_CLONES static size_t first_index(const float *v, size_t n, float x) {
     size_t i = 0;
     for (; i + 64 <= n; i += 64) {
         int hit = 0;
@@ -305,7 +297,7 @@ static candidate pop_best(candidate *h, size_t *n) {
 
 /* The first j >= i with v[j] > x, or n: a block of 64 at a time (one
  * vectorisable test per block). */
-SB_SAMPLER_CLONES static size_t next_above(const float *v, size_t i, size_t n, float x) {
+SB_VECTOR_CLONES static size_t next_above(const float *v, size_t i, size_t n, float x) {
     for (; i + 64 <= n; i += 64) {
         int hit = 0;
         for (int j = 0; j < 64; j++)
@@ -440,7 +432,7 @@ static inline float exp_nonpositive(float x) {
  * lands in. Rounding can leave the walk short of u: then the last weighted
  * token of that block (or of all) wins. */
 /* The weights and per-block sums of draw(). */
-SB_SAMPLER_CLONES static double weigh_blocks(float *w, size_t n, float max, float inv_t, double *block_sums) {
+SB_VECTOR_CLONES static double weigh_blocks(float *w, size_t n, float max, float inv_t, double *block_sums) {
     const size_t n_blocks = (n + DRAW_BLOCK - 1) / DRAW_BLOCK;
     double total = 0.0;
     for (size_t b = 0; b < n_blocks; b++) {
