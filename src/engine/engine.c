@@ -701,8 +701,8 @@ sb_status sb_engine_submit(sb_engine *e, const sb_gen_params *p, sb_gen_cb cb, v
     e->n_queued++;
     if (id)
         *id = s->id;
-    pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->lock);
+    pthread_cond_signal(&e->wake); /* after the unlock: woken, the engine thread takes the lock at once */
     return SB_OK;
 }
 
@@ -720,8 +720,8 @@ void sb_engine_cancel(sb_engine *e, uint64_t id) {
     }
     /* A request still in `incoming` is cancelled once it moves to waiting. */
     e->cancels[e->n_cancels++] = id;
-    pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->lock);
+    pthread_cond_signal(&e->wake);
 }
 
 void sb_engine_get_stats(sb_engine *e, sb_engine_stats *out) {

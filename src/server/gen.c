@@ -123,9 +123,14 @@ static void on_event(void *user, const sb_gen_event *ev) {
         s->done = true;
         g->n_live--;
     }
-    if (done || g->wake_each)
-        pthread_cond_signal(&g->cv);
+    const bool wake = done || g->wake_each;
     pthread_mutex_unlock(&g->mu);
+    /* Signalled after the unlock: a connection thread woken while the lock
+     * is still held wakes only to block on it, and then has to be woken
+     * again (two more futex calls and a context switch per token). g lives
+     * on: the engine's reference goes only after this. */
+    if (wake)
+        pthread_cond_signal(&g->cv);
     if (done)
         sb_srv_gen_release(g);
 }

@@ -210,8 +210,11 @@ static uint32_t publish(sb_threadpool *tp, sb_chunk_fn fn, void *arg, int64_t n_
                               memory_order_relaxed);
     pthread_mutex_lock(&tp->lock);
     atomic_store_explicit(&tp->seq, seq + 2, memory_order_release);
-    pthread_cond_broadcast(&tp->wake);
     pthread_mutex_unlock(&tp->lock);
+    /* After the unlock, so that a sleeping worker does not wake only to
+     * block on the lock; one that saw no news under the lock is already
+     * waiting, and is woken. */
+    pthread_cond_broadcast(&tp->wake);
     return gen;
 }
 
