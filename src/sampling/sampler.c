@@ -197,8 +197,7 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
 
 /* The largest of v[0..n) (n > 0, no NaN), in 16 independent running maxima
  * (one chain would wait on every comparison; gcc does not vectorise a float
- * max reduction by itself). Inlined into its callers, so it takes each one's
- * vector width. */
+ * max reduction by itself). Inlined, so it takes its caller's vector width. */
 static inline float max_of(const float *v, size_t n) {
     f32x16 m;
     for (int j = 0; j < 16; j++)
@@ -220,9 +219,9 @@ static inline float max_of(const float *v, size_t n) {
 
 /* dst[i] = src[i] tamed (dst may be src): NaN becomes -inf (banned, like a
  * masked token) and +inf the largest float, which still wins but keeps
- * softmax arithmetic finite. Returns the largest tamed value. One pass: the
- * logits arrive from the other threads' caches, and every pass over the
- * vocabulary costs about as much as the arithmetic. */
+ * softmax arithmetic finite. Returns the largest tamed value. The copy and
+ * the taming are one pass, since the logits arrive from the other threads'
+ * caches; the maximum then reads the copy from this core's cache. */
 SB_VECTOR_CLONES static float tame_max(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++)
         dst[i] = src[i] != src[i] ? -INFINITY : src[i] == INFINITY ? FLT_MAX : src[i];
