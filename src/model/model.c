@@ -63,7 +63,7 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
         total += sb_align_up(weight_size(list[i]), 64);
     if (total > 0 && !(m->packed = sb_malloc(total + 63))) {
         sb_free(list);
-        return sb_fail(err, SB_ERR_NOMEM, "out of memory for %zu bytes of packed weights", total);
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory for %zu bytes of packed weights and the embedding table", total);
     }
     uint8_t *dst = (uint8_t *)sb_align_up((uintptr_t)m->packed, 64);
     /* Huge pages where the system gives them on request: the kernels stream
