@@ -54,22 +54,22 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* One run of S concurrent requests; returns aggregate generated t/s, or < 0. */
-static double run_streams(sb_engine *e, const sb_model_t *m, int streams, int tokens, float temp, int rep) {
-    waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, streams};
-    int32_t prompts[MAX_STREAMS][16];
+/* S requests (prompt seeded by rep and i) to engine e, counted by w. */
+/* Returns how many were submitted (all, unless one failed). */
+static int submit_streams(sb_engine *e, const sb_model_t *m, waiter *w, int streams, int tokens, float temp,
+                          int rep) {
     const int32_t n_vocab = sb_model_n_vocab(m), bos = sb_model_token_bos(m);
     uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)rep;
-    double t0 = now_s();
     for (int i = 0; i < streams; i++) {
+        int32_t prompt[16];
         sb_gen_params p = {0};
         int32_t n = 5 + i % 11;
-        prompts[i][0] = bos >= 0 ? bos : 1;
+        prompt[0] = bos >= 0 ? bos : 1;
         for (int32_t k = 1; k < n; k++) {
             x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
-            prompts[i][k] = (int32_t)((x * 0x2545f4914f6cdd1dull >> 33) % (uint64_t)(n_vocab - 3)) + 3;
+            prompt[k] = (int32_t)((x * 0x2545f4914f6cdd1dull >> 33) % (uint64_t)(n_vocab - 3)) + 3;
         }
-        p.prompt = prompts[i];
+        p.prompt = prompt; /* copied by submit */
         p.n_prompt = n;
         p.max_tokens = tokens;
         p.ignore_eos = true;
@@ -80,16 +80,81 @@ static double run_streams(sb_engine *e, const sb_model_t *m, int streams, int to
         p.sampling.min_p = 0.0f;
         p.sampling.seed = (uint64_t)(i + 1);
         sb_error err = {0};
-        if (sb_engine_submit(e, &p, on_event, &w, NULL, &err) != SB_OK) {
+        if (sb_engine_submit(e, &p, on_event, w, NULL, &err) != SB_OK) {
             fprintf(stderr, "bench_engine: submit: %s\n", err.msg);
+            return i;
+        }
+    }
+    return streams;
+}
+
+static void wait_all(waiter *w) {
+    pthread_mutex_lock(&w->lock);
+    while (w->remaining > 0)
+        pthread_cond_wait(&w->done, &w->lock);
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* One run of S concurrent requests to each of the first n engines, all
+ * submitted together; returns aggregate generated t/s, or < 0. */
+static double run_streams(sb_engine **e, sb_model_t **m, int n, int streams, int tokens, float temp, int rep) {
+    waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, n * streams};
+    double t0 = now_s();
+    for (int k = 0; k < n; k++) {
+        int sent = submit_streams(e[k], m[k], &w, streams, tokens, temp, rep);
+        if (sent < streams) {
+            /* what was submitted still runs: wait for it before the waiter goes */
+            pthread_mutex_lock(&w.lock);
+            w.remaining -= (streams - sent) + (n - k - 1) * streams;
+            pthread_mutex_unlock(&w.lock);
+            wait_all(&w);
             return -1;
         }
     }
-    pthread_mutex_lock(&w.lock);
-    while (w.remaining > 0)
-        pthread_cond_wait(&w.done, &w.lock);
-    pthread_mutex_unlock(&w.lock);
-    return streams * (double)tokens / (now_s() - t0);
+    wait_all(&w);
+    return n * streams * (double)tokens / (now_s() - t0);
+}
+
+/* R requests one after another, request r to engine r % n, each a short
+ * prompt and `tokens` tokens; returns the mean milliseconds per request. */
+static double run_sequential(sb_engine **e, sb_model_t **m, int n, int requests, int tokens, int rep) {
+    double t0 = now_s();
+    for (int r = 0; r < requests; r++) {
+        waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1};
+        if (submit_streams(e[r % n], m[r % n], &w, 1, tokens, 0.8f, rep * requests + r) < 1)
+            return -1;
+        wait_all(&w);
+    }
+    return (now_s() - t0) * 1e3 / requests;
+}
+
+/* Median of REPS runs of f (after one warm-up), min and max; false on failure. */
+typedef double (*run_fn)(void *ctx, int rep);
+static bool median_of(run_fn f, void *ctx, int reps, double out[3]) {
+    double r[MAX_REPS];
+    f(ctx, -1);
+    for (int k = 0; k < reps; k++)
+        r[k] = f(ctx, k);
+    qsort(r, (size_t)reps, sizeof(double), cmp_double);
+    out[0] = r[reps / 2], out[1] = r[0], out[2] = r[reps - 1];
+    return r[0] >= 0;
+}
+
+typedef struct bench {
+    sb_engine *e[2];
+    sb_model_t *m[2];
+    int n;        /* engines the next run uses */
+    int streams, tokens, requests;
+    float temp;
+} bench;
+
+static double streams_fn(void *ctx, int rep) {
+    bench *b = ctx;
+    return run_streams(b->e, b->m, b->n, b->streams, b->tokens, b->temp, rep);
+}
+static double sequential_fn(void *ctx, int rep) {
+    bench *b = ctx;
+    return run_sequential(b->e, b->m, b->n, b->requests, b->tokens, rep);
 }
 
 static bool parse_int(const char *s, long min, long max, int *out) {
@@ -102,16 +167,33 @@ static bool parse_int(const char *s, long min, long max, int *out) {
     return true;
 }
 
+/* The process's threads, from /proc/self/status; -1 if unreadable. */
+static int process_threads(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    int n = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "Threads: %d", &n) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static const char usage[] =
+    "usage: bench_engine -m MODEL [-m MODEL2] [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]\n"
+    "                    [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N]\n";
+
 int main(int argc, char **argv) {
-    const char *path = NULL, *list = "1,4,8,16";
-    int threads = 2, tokens = 64, reps = 3;
+    const char *paths[2] = {NULL, NULL}, *list = "1,4,8,16";
+    int n_models = 0, threads = 2, tokens = 64, reps = 3, alternate = 0, alt_tokens = 4;
     float temp = 0.8f;
     sb_cache_type cache_type = sb_engine_default_params().cache_type; /* the server's */
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
-        if (ok && strcmp(a, "-m") == 0)
-            path = v;
+        if (ok && strcmp(a, "-m") == 0 && n_models < 2)
+            paths[n_models++] = v;
         else if (ok && strcmp(a, "-t") == 0)
             ok = parse_int(v, 1, 256, &threads);
         else if (ok && strcmp(a, "-s") == 0)
@@ -124,61 +206,94 @@ int main(int argc, char **argv) {
             temp = strtof(v, NULL);
         else if (ok && strcmp(a, "--cache-type") == 0)
             ok = sb_cache_type_parse(v, &cache_type);
+        else if (ok && strcmp(a, "--alternate") == 0)
+            ok = parse_int(v, 1, 100000, &alternate);
+        else if (ok && strcmp(a, "--alt-tokens") == 0)
+            ok = parse_int(v, 1, 100000, &alt_tokens);
         else
             ok = false;
         if (!ok) {
-            fputs("usage: bench_engine -m MODEL [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]\n"
-                  "                    [--cache-type f32|f16|q8_0]\n",
-                  stderr);
+            fputs(usage, stderr);
             return 2;
         }
     }
-    if (!path) {
+    if (n_models == 0) {
         fputs("bench_engine: -m MODEL is required\n", stderr);
         return 2;
     }
     sb_error err = {0};
-    sb_model_t *m = NULL;
-    if (sb_model_load(path, &m, &err) != SB_OK) {
-        fprintf(stderr, "bench_engine: %s\n", err.msg);
-        return 1;
-    }
+    bench b = {.tokens = tokens, .temp = temp};
+    sb_executor *x = NULL;
+    sb_executor_params xp = {.n_threads = threads};
+    int status = sb_executor_create(&xp, &x, &err) == SB_OK ? 0 : 1;
     sb_engine_params ep = sb_engine_default_params();
-    ep.n_threads = threads;
     ep.n_parallel = MAX_STREAMS;
     ep.cache_type = cache_type;
-    sb_engine *e = NULL;
-    if (sb_engine_create(m, &ep, &e, &err) != SB_OK) {
+    for (int k = 0; k < n_models && status == 0; k++)
+        if (sb_model_load(paths[k], &b.m[k], &err) != SB_OK || sb_engine_create(b.m[k], &ep, x, &b.e[k], &err) != SB_OK)
+            status = 1;
+    if (status) {
         fprintf(stderr, "bench_engine: %s\n", err.msg);
-        sb_model_free(m);
-        return 1;
+        goto done;
     }
-    printf("| streams | t/s median | min | max | x single |\n|--:|--:|--:|--:|--:|\n");
+    printf("executor threads %d, process threads %d (the caller and the executor's)\n\n", sb_executor_n_threads(x),
+           process_threads());
+    if (n_models == 1)
+        printf("| streams | t/s median | min | max | x single |\n|--:|--:|--:|--:|--:|\n");
+    else
+        printf("| streams per model | one model t/s | two models at once t/s (min-max) | two / one |\n"
+               "|--:|--:|--:|--:|\n");
     double single = 0;
-    int status = 0;
     for (const char *s = list; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL) {
-        int streams;
-        if (!parse_int(s, 1, MAX_STREAMS, &streams)) {
+        if (!parse_int(s, 1, MAX_STREAMS, &b.streams)) {
             fprintf(stderr, "bench_engine: bad stream count in -s %s (1..%d)\n", list, MAX_STREAMS);
             status = 2;
             break;
         }
-        double r[MAX_REPS];
-        run_streams(e, m, streams, tokens, temp, -1); /* warm-up */
-        for (int k = 0; k < reps; k++)
-            r[k] = run_streams(e, m, streams, tokens, temp, k);
-        qsort(r, (size_t)reps, sizeof(double), cmp_double);
-        if (r[0] < 0) {
+        double one[3], two[3];
+        b.n = 1;
+        if (!median_of(streams_fn, &b, reps, one)) {
             status = 1;
             break;
         }
-        double med = r[reps / 2];
-        if (streams == 1)
-            single = med;
-        printf("| %d | %.1f | %.1f | %.1f | %.2f |\n", streams, med, r[0], r[reps - 1], single > 0 ? med / single : 0);
+        if (n_models == 1) {
+            if (b.streams == 1)
+                single = one[0];
+            printf("| %d | %.1f | %.1f | %.1f | %.2f |\n", b.streams, one[0], one[1], one[2],
+                   single > 0 ? one[0] / single : 0);
+        } else {
+            b.n = 2;
+            if (!median_of(streams_fn, &b, reps, two)) {
+                status = 1;
+                break;
+            }
+            printf("| %d | %.1f | %.1f (%.1f-%.1f) | %.3f |\n", b.streams, one[0], two[0], two[1], two[2],
+                   two[0] / one[0]);
+        }
         fflush(stdout);
     }
-    sb_engine_free(e);
-    sb_model_free(m);
+    if (status == 0 && alternate > 0) {
+        /* What a switch between loaded models adds to a request: one after
+         * another, all to one model, then alternating between two. */
+        double one[3], alt[3];
+        b.requests = alternate;
+        b.tokens = alt_tokens;
+        b.n = 1;
+        bool ok = median_of(sequential_fn, &b, reps, one);
+        b.n = n_models;
+        ok = ok && median_of(sequential_fn, &b, reps, alt);
+        if (!ok)
+            status = 1;
+        else
+            printf("\n| requests in a row (%d tokens each) | ms/request, one model | ms/request, alternating %d models | added ms |\n"
+                   "|--:|--:|--:|--:|\n| %d | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %+.3f |\n",
+                   alt_tokens, n_models, alternate, one[0], one[1], one[2], alt[0], alt[1], alt[2], alt[0] - one[0]);
+    }
+done:
+    for (int k = 0; k < 2; k++) {
+        sb_engine_free(b.e[k]);
+        sb_model_free(b.m[k]);
+    }
+    sb_executor_free(x);
     return status;
 }

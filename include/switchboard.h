@@ -60,6 +60,23 @@ typedef struct sb_allocator {
 } sb_allocator;
 void sb_set_allocator(const sb_allocator *allocator);
 
+/* Where the library's diagnostics go: it never writes to stderr itself. A
+ * line is one message without a newline (a warning such as SB_CPU naming a
+ * level this CPU lacks; the failed check before the abort hook runs). May be
+ * called from any thread. Set once at start-up, like the allocator; NULL
+ * (the default) drops every line. */
+typedef enum sb_log_level { SB_LOG_ERROR = 0, SB_LOG_WARN = 1, SB_LOG_INFO = 2 } sb_log_level;
+typedef void (*sb_log_fn)(void *user, int level, const char *line);
+void sb_set_log_callback(sb_log_fn fn, void *user);
+
+/* Called when the library catches a programmer error (a broken internal
+ * invariant, or a misuse such as freeing an executor that still has
+ * engines), after the message went to the log callback. It must not return
+ * (it may longjmp); if it does, the library calls abort(). NULL restores
+ * plain abort(). These checks stay in every build type. */
+typedef void (*sb_abort_fn)(const char *msg);
+void sb_set_abort_hook(sb_abort_fn fn);
+
 /* ---- model ------------------------------------------------------------- */
 
 typedef struct sb_model sb_model_t;

@@ -1,5 +1,6 @@
 /*
- * base.c - status strings, error messages and the allocator hook.
+ * base.c - status strings, error messages, the allocator hook, the log
+ * callback and the abort hook.
  */
 #include "base.h"
 
@@ -52,7 +53,19 @@ void sb_set_allocator(const sb_allocator *a) {
         allocator = (sb_allocator){libc_malloc, libc_realloc, libc_free, NULL};
 }
 
-void *sb_malloc(size_t size) { return allocator.malloc_fn(size ? size : 1, allocator.user); }
+static _Thread_local size_t *tally; /* see sb__alloc_measure */
+
+size_t *sb__alloc_measure(size_t *t) {
+    size_t *prev = tally;
+    tally = t;
+    return prev;
+}
+
+void *sb_malloc(size_t size) {
+    if (tally)
+        *tally += size;
+    return allocator.malloc_fn(size ? size : 1, allocator.user);
+}
 
 void *sb_calloc(size_t count, size_t size) {
     uint64_t total;
@@ -64,7 +77,11 @@ void *sb_calloc(size_t count, size_t size) {
     return p;
 }
 
-void *sb_realloc(void *ptr, size_t size) { return allocator.realloc_fn(ptr, size ? size : 1, allocator.user); }
+void *sb_realloc(void *ptr, size_t size) {
+    if (tally)
+        *tally += size;
+    return allocator.realloc_fn(ptr, size ? size : 1, allocator.user);
+}
 
 void sb_free(void *ptr) {
     if (ptr)
@@ -78,4 +95,57 @@ char *sb_strndup(const char *s, size_t len) {
         p[len] = '\0';
     }
     return p;
+}
+
+/* The hook has no aligned entry: over-allocate, and keep the pointer the
+ * hook returned just below the aligned address. */
+void *sb_aligned_alloc(size_t align, size_t size) {
+    uint64_t total;
+    if (align < sizeof(void *) || (align & (align - 1)) || sb_add_overflows(size, align + sizeof(void *), &total) ||
+        total > SIZE_MAX)
+        return NULL;
+    char *raw = sb_malloc((size_t)total);
+    if (!raw)
+        return NULL;
+    void **p = (void **)sb_align_up((uintptr_t)raw + sizeof(void *), align);
+    p[-1] = raw;
+    return p;
+}
+
+void sb_aligned_free(void *ptr) {
+    if (ptr)
+        sb_free(((void **)ptr)[-1]);
+}
+
+/* ---- diagnostics -------------------------------------------------------- */
+
+static sb_log_fn log_fn;
+static void *log_user;
+static sb_abort_fn abort_fn;
+
+void sb_set_log_callback(sb_log_fn fn, void *user) {
+    log_fn = fn;
+    log_user = user;
+}
+
+void sb__log(int level, const char *fmt, ...) {
+    if (!log_fn)
+        return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    log_fn(log_user, level, line);
+}
+
+void sb_set_abort_hook(sb_abort_fn fn) { abort_fn = fn; }
+
+void sb__check_failed(const char *file, int line, const char *cond) {
+    char msg[512];
+    snprintf(msg, sizeof(msg), "%s:%d: check failed: %s", file, line, cond);
+    sb__log(SB_LOG_ERROR, "%s", msg);
+    if (abort_fn)
+        abort_fn(msg);
+    abort();
 }

@@ -1,11 +1,14 @@
 /*
  * base.h - what every module shares: error reporting into sb_error, the
- * replaceable allocator, and checked size arithmetic.
+ * replaceable allocator, the log callback, checks of programmer errors, and
+ * checked size arithmetic.
  *
  * Library code never exits or prints: it returns an sb_status and describes
- * the failure with sb_fail(). All heap memory goes through sb_malloc & co so
- * that tests can count it (the malformed-file corpus checks that no input
- * makes the loader allocate more than it holds).
+ * the failure with sb_fail(); diagnostics go to the embedder's log callback,
+ * and only a broken invariant (SB_ASSERT) ends the process. All heap memory
+ * goes through sb_malloc & co so that tests can count it (the malformed-file
+ * corpus checks that no input makes the loader allocate more than it holds)
+ * and an engine can say what it costs (sb__alloc_measure).
  */
 #ifndef SB_BASE_H
 #define SB_BASE_H
@@ -31,6 +34,26 @@ void *sb_calloc(size_t count, size_t size); /* NULL also if count*size overflows
 void *sb_realloc(void *ptr, size_t size);
 void sb_free(void *ptr);
 char *sb_strndup(const char *s, size_t len);
+
+/* size bytes at an address that is a multiple of align (a power of two),
+ * through the same hook; NULL on failure. Free with sb_aligned_free. */
+void *sb_aligned_alloc(size_t align, size_t size);
+void sb_aligned_free(void *ptr);
+
+/* Measures what an object really costs: from this call on, the size of
+ * every allocation this thread makes through the hook is added to *tally
+ * (a realloc adds its new size) until the next call; NULL stops. Returns
+ * the tally that was counting before, so measurements nest: restore it. */
+size_t *sb__alloc_measure(size_t *tally);
+
+/* A line to the embedder's log callback (see sb_set_log_callback). */
+void sb__log(int level, const char *fmt, ...) SB_PRINTF(2, 3);
+
+/* A check of a programmer error (never of input: input gets an sb_status),
+ * kept in every build type: on failure the log callback gets
+ * "FILE:LINE: check failed: COND" and the abort hook runs. */
+#define SB_ASSERT(cond) ((cond) ? (void)0 : sb__check_failed(__FILE__, __LINE__, #cond))
+_Noreturn void sb__check_failed(const char *file, int line, const char *cond);
 
 /* a*b and a+b that report overflow instead of wrapping. */
 static inline bool sb_mul_overflows(uint64_t a, uint64_t b, uint64_t *out) {

@@ -42,7 +42,7 @@ int sb_cmd_serve(int argc, char **argv) {
         else if (sb_cli_opt(argc, argv, &i, "-np", &v) || sb_cli_opt(argc, argv, &i, "--parallel", &v))
             p.engine.n_parallel = (int32_t)sb_cli_int("--parallel", v, 1, 4096);
         else if (sb_cli_opt(argc, argv, &i, "-t", &v) || sb_cli_opt(argc, argv, &i, "--threads", &v))
-            p.engine.n_threads = (int32_t)sb_cli_int("--threads", v, 1, 1024);
+            p.n_threads = (int32_t)sb_cli_int("--threads", v, 1, 1024);
         else if (sb_cli_opt(argc, argv, &i, "--max-batch-tokens", &v))
             p.engine.max_batch_tokens = (int32_t)sb_cli_int("--max-batch-tokens", v, 1, 1 << 20);
         else if (sb_cli_opt(argc, argv, &i, "--max-queue", &v))

@@ -136,7 +136,16 @@ int sb_cmd_bench(int argc, char **argv); /* cmd_bench.c */
 int sb_cmd_template(int argc, char **argv); /* cmd_template.c */
 int sb_cmd_serve(int argc, char **argv); /* cmd_serve.c */
 
+/* The library's diagnostics, as the CLI's own: on stderr, one line each. */
+static void log_line(void *user, int level, const char *line) {
+    (void)user;
+    static const char *const names[] = {[SB_LOG_ERROR] = "error", [SB_LOG_WARN] = "warning", [SB_LOG_INFO] = "note"};
+    fprintf(stderr, "switchboard: %s: %s\n", level >= 0 && (size_t)level < SB_ARRAY_LEN(names) ? names[level] : "note",
+            line);
+}
+
 int main(int argc, char **argv) {
+    sb_set_log_callback(log_line, NULL);
     static const struct {
         const char *name;
         int (*fn)(int, char **);

@@ -1,31 +1,37 @@
 /*
- * engine.c - the scheduler: continuous batching over the paged KV cache.
+ * engine.c - one model's scheduling: continuous batching over the paged KV
+ * cache, stepped by the executor's thread (executor.c).
  *
- * Requests arrive on `incoming` (any thread) and move, on the engine thread,
- * to `waiting` (FIFO) and then `running` (at most n_parallel, in admission
- * order). One step:
+ * Requests arrive on `incoming` (any thread) and move, on the executor
+ * thread, to `waiting` and then `running` (at most n_parallel). Both are
+ * kept in order of priority, highest first; within a priority `waiting` is
+ * FIFO (a preempted sequence goes back first, to resume before newcomers)
+ * and `running` is in admission order, so its last entry is always the
+ * lowest-priority, newest sequence: the one to preempt. One step:
  *   1. drop cancelled requests, admit waiting ones (taking their cached
- *      prefix blocks), oldest first;
- *   2. plan the batch: one token for every sequence that is decoding, then
- *      prompt chunks, within max_batch_tokens; give every planned position a
- *      KV block, preempting the newest sequence when none is left;
+ *      prefix blocks) in order; a waiting request of higher priority than a
+ *      running one preempts it when no slot or blocks are free;
+ *   2. plan the batch in `running` order: one token for every sequence that
+ *      is decoding, then prompt chunks, within max_batch_tokens; give every
+ *      planned position a KV block, preempting the last sequence when none
+ *      is left;
  *   3. run the forward pass once for the whole batch;
  *   4. for each sequence that got logits: sample, detokenize, match stop
  *      strings, report, and finish it if it is done; publish the blocks it
  *      filled for prefix sharing.
- * The engine lock guards the queues, cancellation flags and statistics; the
- * forward pass and the callbacks run without it.
+ * The engine lock guards `incoming`, the cancellation list and the
+ * statistics; the forward pass and the callbacks run without it.
  */
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "base/base.h"
 #include "engine/blocks.h"
 #include "engine/engine.h"
+#include "engine/executor.h"
 #include "model/model.h"
 #include "sampling/stop.h"
 
@@ -47,7 +53,7 @@ typedef struct seq {
     uint64_t prefix_hash; /* hash of the first n_published blocks */
     int32_t n_cached;     /* prompt positions taken from the prefix cache */
     int32_t n_generated;
-    int64_t admitted;     /* admission order; preemption takes the highest */
+    int64_t admitted;     /* admission order; among equal priorities preemption takes the highest */
 
     sb_sampler_t *sampler;
     sb_detok_t *detok;
@@ -71,24 +77,23 @@ typedef struct seq {
 struct sb_engine {
     const sb_model *model;
     sb_engine_params p;
-    sb_threadpool *pool;
+    sb_executor *exec;
+    sb_threadpool *pool; /* the executor's */
+    bool registered;
+    size_t memory;       /* bytes allocated by sb_engine_create */
     sb_kv kv;
     sb_forward fwd;
     sb_blocks *blocks;
     sb_batch_token *batch;
-    seq **running; /* n_parallel slots, admission order */
+    seq **running; /* n_parallel slots: priority, then admission order */
     int32_t n_running;
-    seq *waiting, *waiting_tail;
+    seq *waiting, *waiting_tail; /* priority, then FIFO */
     int64_t n_admitted;
     seq **sampling;  /* n_parallel: the sequences sampled this step */
-    float *logprobs; /* (n_threads, n_vocab) scratch */
+    float *logprobs; /* (executor threads, n_vocab) scratch */
 
-    pthread_t thread;
     pthread_mutex_t lock;
-    pthread_cond_t wake;
-    bool stop;
     seq *incoming, *incoming_tail; /* guarded by lock */
-    int32_t n_incoming;
     int32_t n_queued; /* submitted, not running (incoming + waiting); guarded by lock */
     uint64_t next_id;
     uint64_t *cancels; /* guarded by lock */
@@ -104,7 +109,7 @@ static double now_s(void) {
 
 sb_engine_params sb_engine_default_params(void) {
     return (sb_engine_params){.n_ctx = 4096, .n_parallel = 8, .max_batch_tokens = 512, .max_queue = 256,
-                              .n_threads = 0, .block_size = 16, .cache_type = SB_CACHE_F16};
+                              .block_size = 16, .cache_type = SB_CACHE_F16};
 }
 
 /* ---- sequences ------------------------------------------------------------ */
@@ -245,6 +250,9 @@ static void finish(sb_engine *e, seq *s, sb_finish why, const char *error) {
     }
     ev.ttft_s = s->t_first > 0 ? s->t_first - s->t_submit : 0;
     seq_drop_blocks(e, s);
+    pthread_mutex_lock(&e->lock);
+    e->stats.running = e->n_running; /* before the callback: whoever it wakes sees the request gone */
+    pthread_mutex_unlock(&e->lock);
     s->cb(s->user, &ev);
 }
 
@@ -353,29 +361,49 @@ static void remove_running(sb_engine *e, int32_t i) {
     e->n_running--;
 }
 
-static void push_waiting_front(sb_engine *e, seq *s) {
-    s->next = e->waiting;
-    e->waiting = s;
-    if (!e->waiting_tail)
+/* Puts s in `running` after every sequence of its priority or higher (it is
+ * the newest). */
+static void insert_running(sb_engine *e, seq *s) {
+    int32_t i = e->n_running;
+    while (i > 0 && e->running[i - 1]->p.priority < s->p.priority)
+        i--;
+    memmove(&e->running[i + 1], &e->running[i], (size_t)(e->n_running - i) * sizeof(seq *));
+    e->running[i] = s;
+    e->n_running++;
+}
+
+/* Puts s in `waiting` after the sequences of higher priority and, unless it
+ * resumes a preempted one, after those of its own (FIFO). */
+static void insert_waiting(sb_engine *e, seq *s, bool resume) {
+    seq **pp = &e->waiting;
+    if (!resume && e->waiting_tail && e->waiting_tail->p.priority >= s->p.priority)
+        pp = &e->waiting_tail->next; /* the usual case: at the end */
+    while (*pp && ((*pp)->p.priority > s->p.priority || (!resume && (*pp)->p.priority == s->p.priority)))
+        pp = &(*pp)->next;
+    s->next = *pp;
+    *pp = s;
+    if (!s->next)
         e->waiting_tail = s;
 }
 
-/* Frees the newest running sequence's blocks and queues it to resume first
- * (its tokens so far become the prompt it recomputes). */
+/* Frees running sequence i's blocks and queues it to resume first among its
+ * priority (its tokens so far become the prompt it recomputes). */
 static void preempt(sb_engine *e, int32_t i) {
     seq *s = e->running[i];
     seq_drop_blocks(e, s);
     s->planned = 0;
     remove_running(e, i);
-    push_waiting_front(e, s);
+    insert_waiting(e, s, true);
     pthread_mutex_lock(&e->lock);
     e->stats.preemptions++;
     e->n_queued++;
+    e->stats.running = e->n_running; /* with n_queued: never both seen lower */
     pthread_mutex_unlock(&e->lock);
 }
 
 /* Gives sequence s blocks for positions up to n_computed + n - 1; on
- * exhaustion preempts the newest sequence (possibly s itself, then false). */
+ * exhaustion preempts the last running sequence, the lowest-priority newest
+ * (possibly s itself, then false). */
 static bool reserve(sb_engine *e, seq *s, int32_t n) {
     int32_t bs = e->p.block_size;
     while (s->n_blocks * bs < s->n_computed + n) {
@@ -384,7 +412,7 @@ static bool reserve(sb_engine *e, seq *s, int32_t n) {
             s->blocks[s->n_blocks++] = blk;
             continue;
         }
-        int32_t victim = e->n_running - 1; /* running[] is in admission order */
+        int32_t victim = e->n_running - 1; /* at or after s in running[] */
         bool self = e->running[victim] == s;
         preempt(e, victim);
         if (self)
@@ -393,17 +421,13 @@ static bool reserve(sb_engine *e, seq *s, int32_t n) {
     return true;
 }
 
-static void take_incoming(sb_engine *e) {
+void sb__engine_take_incoming(sb_engine *e) {
     pthread_mutex_lock(&e->lock);
-    if (e->incoming) {
-        if (e->waiting_tail)
-            e->waiting_tail->next = e->incoming;
-        else
-            e->waiting = e->incoming;
-        e->waiting_tail = e->incoming_tail;
-        e->incoming = e->incoming_tail = NULL;
-        e->n_incoming = 0;
+    for (seq *s = e->incoming, *next; s; s = next) {
+        next = s->next;
+        insert_waiting(e, s, false);
     }
+    e->incoming = e->incoming_tail = NULL;
     /* Cancellations: mark; the step drops them. */
     for (int32_t c = 0; c < e->n_cancels; c++) {
         for (int32_t i = 0; i < e->n_running; i++)
@@ -446,16 +470,23 @@ static void drop_cancelled(sb_engine *e) {
         e->waiting_tail = NULL;
 }
 
-/* Admits waiting sequences, oldest first, while there are slots and free
- * blocks for all of a sequence's tokens so far: admitting one that would
- * only preempt another at once is churn, not progress. */
+/* Admits waiting sequences in order while there are slots and free blocks
+ * for all of a sequence's tokens so far: admitting one that would only
+ * preempt another at once is churn, not progress. Where there is no room, a
+ * sequence of higher priority than the last running one preempts it. */
 static void admit(sb_engine *e) {
     int32_t n = 0, bs = e->p.block_size;
     uint64_t cached = 0;
-    for (; e->waiting && e->n_running < e->p.n_parallel; n++) {
+    while (e->waiting) {
         seq *s = e->waiting;
         int32_t need = (s->n_tokens + bs - 1) / bs;
-        if (e->n_running > 0 && need > sb_blocks_n_total(e->blocks) - sb_blocks_n_held(e->blocks))
+        bool room = e->n_running < e->p.n_parallel &&
+                    (e->n_running == 0 || need <= sb_blocks_n_total(e->blocks) - sb_blocks_n_held(e->blocks));
+        if (!room && e->running[e->n_running - 1]->p.priority < s->p.priority) {
+            preempt(e, e->n_running - 1); /* it queues behind s */
+            continue;
+        }
+        if (!room)
             break;
         e->waiting = s->next;
         if (!e->waiting)
@@ -465,21 +496,32 @@ static void admit(sb_engine *e) {
         seq_take_prefix(e, s);
         if (s->n_generated == 0)
             cached += (uint64_t)s->n_cached;
-        e->running[e->n_running++] = s;
+        insert_running(e, s);
+        n++;
     }
     pthread_mutex_lock(&e->lock);
     e->n_queued -= n;
+    e->stats.running = e->n_running; /* with n_queued: never both seen lower */
     e->stats.prompt_tokens_cached += cached;
     pthread_mutex_unlock(&e->lock);
 }
 
-/* One scheduling step; returns false when there was nothing to do. */
-static bool step(sb_engine *e) {
-    take_incoming(e);
+bool sb__engine_has_work(const sb_engine *e, int32_t *priority) {
+    /* Both lists are in priority order: their heads are the most urgent. */
+    int32_t p = e->waiting ? e->waiting->p.priority : INT32_MIN;
+    if (e->n_running > 0)
+        p = SB_MAX(p, e->running[0]->p.priority);
+    *priority = p;
+    return e->waiting || e->n_running > 0;
+}
+
+/* One scheduling step. */
+static void step(sb_engine *e) {
+    sb__engine_take_incoming(e);
     drop_cancelled(e);
     admit(e);
     if (e->n_running == 0)
-        return false;
+        return;
 
     /* Plan: decoding sequences first (one token each), then prompt chunks. */
     int32_t budget = e->p.max_batch_tokens;
@@ -515,7 +557,7 @@ static bool step(sb_engine *e) {
         }
     }
     if (n == 0)
-        return true;
+        return;
     sb_forward_run(&e->fwd, &e->kv, e->batch, n);
 
     /* Logits rows are in batch order; the sequences sample together. */
@@ -573,51 +615,42 @@ static bool step(sb_engine *e) {
     e->stats.generated_tokens += generated;
     e->stats.steps++;
     pthread_mutex_unlock(&e->lock);
-    return true;
 }
 
-static void *engine_main(void *arg) {
-    sb_engine *e = arg;
-    for (;;) {
-        bool worked = step(e);
-        pthread_mutex_lock(&e->lock);
-        e->stats.running = e->n_running;
-        e->stats.waiting = e->n_queued;
-        e->stats.kv_blocks_used = sb_blocks_n_held(e->blocks);
-        bool quit = e->stop;
-        while (!worked && !quit && !e->incoming && e->n_cancels == 0 && e->n_running == 0) {
-            pthread_cond_wait(&e->wake, &e->lock);
-            quit = e->stop;
-        }
-        pthread_mutex_unlock(&e->lock);
-        if (quit)
-            return NULL;
-    }
+void sb__engine_step(sb_engine *e) {
+    step(e);
+    pthread_mutex_lock(&e->lock);
+    e->stats.running = e->n_running;
+    e->stats.kv_blocks_used = sb_blocks_n_held(e->blocks);
+    pthread_mutex_unlock(&e->lock);
 }
 
 /* ---- public ----------------------------------------------------------------- */
 
-sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *params, sb_engine **out, sb_error *err) {
+sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *params, sb_executor *exec,
+                           sb_engine **out, sb_error *err) {
     *out = NULL;
     sb_engine_params p = params ? *params : sb_engine_default_params();
-    if (p.n_ctx <= 0 || p.n_parallel <= 0 || p.max_batch_tokens <= 0 || p.max_queue <= 0 || p.block_size <= 0 ||
-        p.n_threads < 0)
+    if (p.n_ctx <= 0 || p.n_parallel <= 0 || p.max_batch_tokens <= 0 || p.max_queue <= 0 || p.block_size <= 0)
         return sb_fail(err, SB_ERR_INVALID_ARG, "engine parameters must be positive (n_ctx %d, parallel %d, batch %d, "
                        "queue %d, block %d)", p.n_ctx, p.n_parallel, p.max_batch_tokens, p.max_queue, p.block_size);
+    if (!exec)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "an engine needs an executor to run on");
     p.n_ctx = (p.n_ctx + p.block_size - 1) / p.block_size * p.block_size;
     p.max_batch_tokens = SB_MAX(p.max_batch_tokens, p.n_parallel); /* every running sequence can decode */
+    size_t memory = 0, *outer = sb__alloc_measure(&memory);
     sb_engine *e = sb_calloc(1, sizeof(*e));
-    if (!e)
+    if (!e) {
+        sb__alloc_measure(outer);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    }
     e->model = model;
     e->p = p;
+    e->exec = exec;
+    e->pool = sb__executor_pool(exec);
     pthread_mutex_init(&e->lock, NULL);
-    pthread_cond_init(&e->wake, NULL);
-    int n_threads = p.n_threads ? p.n_threads : SB_MAX(1, (int)sysconf(_SC_NPROCESSORS_ONLN));
     int32_t n_blocks = p.n_ctx / p.block_size;
-    sb_status st = sb_threadpool_create(n_threads, &e->pool, err);
-    if (st == SB_OK)
-        st = sb_kv_init(&e->kv, model, n_blocks, p.block_size, p.cache_type, err);
+    sb_status st = sb_kv_init(&e->kv, model, n_blocks, p.block_size, p.cache_type, err);
     if (st == SB_OK)
         st = sb_forward_init(&e->fwd, model, e->pool, p.max_batch_tokens, p.n_parallel, p.n_ctx, err);
     if (st == SB_OK)
@@ -626,19 +659,21 @@ sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *para
         e->batch = sb_calloc((size_t)p.max_batch_tokens, sizeof(*e->batch));
         e->running = sb_calloc((size_t)p.n_parallel, sizeof(seq *));
         e->sampling = sb_malloc((size_t)p.n_parallel * sizeof(seq *));
-        e->logprobs = sb_malloc((size_t)n_threads * model->hp.n_vocab * sizeof(float));
+        e->logprobs = sb_malloc((size_t)sb_threadpool_n_threads(e->pool) * model->hp.n_vocab * sizeof(float));
         if (!e->batch || !e->running || !e->sampling || !e->logprobs)
             st = sb_fail(err, SB_ERR_NOMEM, "out of memory");
     }
+    sb__alloc_measure(outer);
+    e->memory = memory;
     e->stats.kv_blocks_total = n_blocks;
     e->stats.block_size = p.block_size;
-    if (st == SB_OK && pthread_create(&e->thread, NULL, engine_main, e) != 0)
-        st = sb_fail(err, SB_ERR_NOMEM, "cannot start the engine thread");
+    if (st == SB_OK)
+        st = sb__executor_add(exec, e, err);
     if (st != SB_OK) {
-        e->thread = 0;
         sb_engine_free(e);
         return st;
     }
+    e->registered = true;
     *out = e;
     return SB_OK;
 }
@@ -646,15 +681,10 @@ sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *para
 void sb_engine_free(sb_engine *e) {
     if (!e)
         return;
-    if (e->thread) {
-        pthread_mutex_lock(&e->lock);
-        e->stop = true;
-        pthread_cond_signal(&e->wake);
-        pthread_mutex_unlock(&e->lock);
-        pthread_join(e->thread, NULL);
-    }
+    if (e->registered)
+        sb__executor_remove(e->exec, e);
     /* Everything still queued or running ends as cancelled. */
-    take_incoming(e);
+    sb__engine_take_incoming(e);
     for (int32_t i = 0; i < e->n_running; i++)
         e->running[i]->cancelled = true;
     for (seq *s = e->waiting; s; s = s->next)
@@ -669,11 +699,11 @@ void sb_engine_free(sb_engine *e) {
     sb_blocks_free(e->blocks);
     sb_forward_free(&e->fwd);
     sb_kv_free(&e->kv);
-    sb_threadpool_free(e->pool);
     pthread_mutex_destroy(&e->lock);
-    pthread_cond_destroy(&e->wake);
     sb_free(e);
 }
+
+size_t sb_engine_memory(const sb_engine *e) { return e->memory; }
 
 sb_status sb_engine_submit(sb_engine *e, const sb_gen_params *p, sb_gen_cb cb, void *user, uint64_t *id,
                            sb_error *err) {
@@ -697,12 +727,11 @@ sb_status sb_engine_submit(sb_engine *e, const sb_gen_params *p, sb_gen_cb cb, v
     else
         e->incoming = s;
     e->incoming_tail = s;
-    e->n_incoming++;
     e->n_queued++;
     if (id)
         *id = s->id;
     pthread_mutex_unlock(&e->lock);
-    pthread_cond_signal(&e->wake); /* after the unlock: woken, the engine thread takes the lock at once */
+    sb__executor_kick(e->exec);
     return SB_OK;
 }
 
@@ -721,11 +750,12 @@ void sb_engine_cancel(sb_engine *e, uint64_t id) {
     /* A request still in `incoming` is cancelled once it moves to waiting. */
     e->cancels[e->n_cancels++] = id;
     pthread_mutex_unlock(&e->lock);
-    pthread_cond_signal(&e->wake);
+    sb__executor_kick(e->exec);
 }
 
 void sb_engine_get_stats(sb_engine *e, sb_engine_stats *out) {
     pthread_mutex_lock(&e->lock);
     *out = e->stats;
+    out->waiting = e->n_queued; /* counted at submit: a request is never in neither count */
     pthread_mutex_unlock(&e->lock);
 }

@@ -1,20 +1,28 @@
 /*
- * engine.h - one model's serving engine: a scheduler thread that runs many
- * generation requests at once (continuous batching) over a paged KV cache
- * with prefix sharing.
+ * engine.h - one model's serving engine: many generation requests at once
+ * (continuous batching) over a paged KV cache with prefix sharing. The
+ * engine owns its KV pool, scratch and sequences, not threads: it runs on
+ * an executor (executor.h), whose one thread and pool step every engine of
+ * the process in turn.
  *
  * Each step the scheduler forms one batch from the next token of every
  * running sequence plus chunks of waiting prompts, up to max_batch_tokens,
  * runs it through the model, samples, and reports to each request through
  * its callback. Prompts that share a prefix (a system prompt, a chat
  * history) reuse the KV blocks already computed for it. When the cache is
- * full the newest sequence is preempted (its blocks freed) and resumed later
- * by recomputing: requests are never failed for lack of cache.
+ * full the lowest-priority, newest sequence is preempted (its blocks freed)
+ * and resumed later by recomputing: requests are never failed for lack of
+ * cache.
+ *
+ * Priorities (sb_gen_params.priority, higher first): waiting requests are
+ * admitted by priority, then in arrival order, and batched in that order;
+ * a waiting request that finds no free slot or blocks preempts a running
+ * one of lower priority, which resumes later, not fails.
  *
  * Threads: submit/cancel/stats may be called from any thread. Callbacks run
- * on the engine thread and must not block for long (copy the event and
- * return); after a request's SB_GEN_DONE event its callback is never called
- * again and its id is dead.
+ * on the executor thread and must not block for long (copy the event and
+ * return), nor free the engine they are called for; after a request's
+ * SB_GEN_DONE event its callback is never called again and its id is dead.
  *
  * Batch invariance: a request's greedy output is identical whether it runs
  * alone or batched with others, because every kernel computes each
@@ -27,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/executor.h"
 #include "switchboard.h"
 
 typedef struct sb_engine sb_engine;
@@ -36,7 +45,6 @@ typedef struct sb_engine_params {
     int32_t n_parallel;       /* most sequences running at once */
     int32_t max_batch_tokens; /* most tokens in one forward step */
     int32_t max_queue;        /* most requests waiting; beyond it submit fails with SB_ERR_BUSY */
-    int32_t n_threads;        /* 0: one per online core */
     int32_t block_size;       /* KV positions per block (prefix sharing granularity) */
     sb_cache_type cache_type; /* what the KV cache holds keys and values in; F16 by default, as
                                  llama-server's: half of F32's memory per position, so twice the
@@ -55,6 +63,7 @@ typedef struct sb_gen_params {
     bool logprobs;         /* report the chosen token's log-probability */
     bool ignore_eos;
     bool embedding;        /* no generation: report the mean-pooled, L2-normalized final hidden state */
+    int32_t priority;      /* higher is served first, across the executor's engines too; 0: the default tier */
 } sb_gen_params;
 
 typedef enum sb_finish {
@@ -93,11 +102,19 @@ typedef struct sb_gen_event {
 
 typedef void (*sb_gen_cb)(void *user, const sb_gen_event *ev);
 
-/* Starts the engine thread for `model` (borrowed: must outlive the engine). */
-sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *params, sb_engine **out, sb_error *err);
-/* Cancels everything still running (their callbacks get SB_FINISH_CANCELLED)
- * and stops the thread. */
+/* An engine for `model` on `exec` (both borrowed: they must outlive the
+ * engine), registered with it so that its requests run from now on. */
+sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *params, sb_executor *exec,
+                           sb_engine **out, sb_error *err);
+/* Cancels everything still queued or running (their callbacks get
+ * SB_FINISH_CANCELLED, on the calling thread), deregisters from the
+ * executor, waiting for a step of this engine in progress to end. */
 void sb_engine_free(sb_engine *e);
+
+/* Bytes sb_engine_create allocated: KV pool, forward scratch, block table,
+ * batch arrays; counted from the allocations themselves. Per-request state
+ * (token lists, samplers) comes on top and goes with the request. */
+size_t sb_engine_memory(const sb_engine *e);
 
 /* Queues a request. Fails with SB_ERR_INVALID_ARG for bad parameters (a
  * prompt longer than the context, an id outside the vocabulary), and with
@@ -111,7 +128,7 @@ sb_status sb_engine_submit(sb_engine *e, const sb_gen_params *p, sb_gen_cb cb, v
 void sb_engine_cancel(sb_engine *e, uint64_t id);
 
 typedef struct sb_engine_stats {
-    int32_t waiting, running;
+    int32_t waiting, running; /* both 0: drained (a submitted request is always in one) */
     int32_t kv_blocks_used, kv_blocks_total, block_size;
     uint64_t prompt_tokens_computed; /* prompt positions run through the model */
     uint64_t prompt_tokens_cached;   /* prompt positions reused from the prefix cache */

@@ -33,6 +33,7 @@ struct sb_srv {
     sb_model_t *model;
     sb_chat *chat;
     int32_t n_embd;
+    sb_executor *exec;    /* the compute the engine runs on; NULL before load */
     pthread_rwlock_t engine_lock;
     sb_engine *engine;    /* NULL before load and after stop */
 

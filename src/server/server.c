@@ -454,16 +454,22 @@ sb_status sb_srv_load(sb_srv *srv, sb_error *err) {
     sb_model_t *model = NULL;
     sb_chat *chat = NULL;
     sb_engine *engine = NULL;
+    sb_executor *exec = NULL;
+    sb_executor_params xp = {.n_threads = srv->p.n_threads};
     sb_status st = sb_model_load(srv->p.model_path, &model, err);
     if (st == SB_OK)
         st = sb_chat_create(model, &chat, err);
     if (st == SB_OK)
-        st = sb_engine_create(model, &srv->p.engine, &engine, err);
+        st = sb_executor_create(&xp, &exec, err);
+    if (st == SB_OK)
+        st = sb_engine_create(model, &srv->p.engine, exec, &engine, err);
     if (st != SB_OK) {
+        sb_executor_free(exec);
         sb_chat_free(chat);
         sb_model_free(model);
         return st;
     }
+    srv->exec = exec;
     srv->model = model;
     srv->chat = chat;
     srv->n_embd = model->hp.n_embd;
@@ -485,6 +491,7 @@ void sb_srv_stop(sb_srv *srv) {
     pthread_rwlock_unlock(&srv->engine_lock);
     /* Cancels what runs: waiting connection threads get their DONE events and finish. */
     sb_engine_free(engine);
+    sb_executor_free(srv->exec);
     if (srv->daemon)
         MHD_stop_daemon(srv->daemon);
     sb_chat_free(srv->chat);

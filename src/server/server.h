@@ -26,6 +26,7 @@ typedef struct sb_srv_params {
     const char *host;       /* numeric address or name to bind; NULL: 127.0.0.1 */
     uint16_t port;          /* 0: any free port (see sb_srv_port) */
     sb_engine_params engine;
+    int32_t n_threads;      /* compute threads in all; 0: one per online core */
     size_t max_body;        /* largest request body in bytes; larger ones get 413 */
     uint32_t timeout_s;     /* idle connection timeout: slow or stalled clients are dropped */
     /* Receives one line per request and per notable event (no newline);

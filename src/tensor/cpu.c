@@ -9,10 +9,10 @@
  * still works at every level.
  */
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "tensor/tensor-impl.h"
 
 #if defined(__x86_64__)
@@ -183,11 +183,10 @@ static void init(void) {
             if (strcmp(env, level_names[i]) == 0)
                 want = i;
         if (want < 0)
-            fprintf(stderr, "switchboard: warning: SB_CPU=%s is not scalar, avx2 or avx512; using %s\n", env,
-                    level_names[cpu_level]);
+            sb__log(SB_LOG_WARN, "SB_CPU=%s is not scalar, avx2 or avx512; using %s", env, level_names[cpu_level]);
         else if (want > (int)cpu_level)
-            fprintf(stderr, "switchboard: warning: SB_CPU=%s but this CPU runs at most %s; using %s\n", env,
-                    level_names[cpu_level], level_names[cpu_level]);
+            sb__log(SB_LOG_WARN, "SB_CPU=%s but this CPU runs at most %s; using %s", env, level_names[cpu_level],
+                    level_names[cpu_level]);
         else
             active_level = (sb_cpu_level)want;
     }

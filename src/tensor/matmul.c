@@ -10,8 +10,8 @@
  * as the scalar reference does, so results depend neither on the thread
  * count, nor on the batch, nor on the CPU.
  */
-#include <assert.h>
 
+#include "base/base.h"
 #include "tensor/tensor.h"
 #include "tensor/threadpool.h"
 
@@ -24,7 +24,7 @@ static size_t act_row_size(sb_type type, int64_t n_in, bool packed) {
 }
 
 size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok) {
-    assert(sb_type_traits_of(type) && sb_type_traits_of(type)->vec_dot && n_tok >= 0);
+    SB_ASSERT(sb_type_traits_of(type) && sb_type_traits_of(type)->vec_dot && n_tok >= 0);
     return act_row_size(type, n_in, sb_kernels_active()->packing[type].rows > 0) * (size_t)n_tok;
 }
 
@@ -97,13 +97,13 @@ bool sb_weight_packable(sb_type type, int64_t n_in, int64_t n_out) {
 }
 
 void sb_weight_pack(sb_type type, const void *src, void *dst, int64_t n_in, int64_t n_out) {
-    assert(sb_weight_packable(type, n_in, n_out));
+    SB_ASSERT(sb_weight_packable(type, n_in, n_out));
     sb_kernels_active()->packing[type].pack(src, dst, n_in, n_out);
 }
 
 void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t n_in, const float *x, int64_t n_tok,
                     void *work) {
-    assert(n >= 1 && n <= SB_MATMUL_MAX);
+    SB_ASSERT(n >= 1 && n <= SB_MATMUL_MAX);
     const sb_kernels *k = sb_kernels_active();
     const sb_type act = sb_type_traits_of(dst[0].type)->vec_dot_type;
     /* One activation format for all: the same vec_dot_type, and packed
@@ -135,8 +135,8 @@ void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t 
     };
     int64_t n_chunks = 0;
     for (int i = 0; i < n; i++) {
-        assert(sb_type_traits_of(dst[i].type)->vec_dot && n_in % sb_type_traits_of(dst[i].type)->blck_size == 0);
-        assert(!dst[i].packed ||
+        SB_ASSERT(sb_type_traits_of(dst[i].type)->vec_dot && n_in % sb_type_traits_of(dst[i].type)->blck_size == 0);
+        SB_ASSERT(!dst[i].packed ||
                (k->packing[dst[i].type].rows > 0 && dst[i].n_out % k->packing[dst[i].type].rows == 0));
         matmul_part *p = &j.part[i];
         *p = (matmul_part){
@@ -163,6 +163,6 @@ void sb_matmul(sb_threadpool *tp, sb_type type, const void *w, int64_t n_in, int
 
 void sb_get_row(sb_type type, const void *w, int64_t n_in, int64_t row, float *out) {
     const sb_type_traits *t = sb_type_traits_of(type);
-    assert(t && t->to_float && n_in % t->blck_size == 0);
+    SB_ASSERT(t && t->to_float && n_in % t->blck_size == 0);
     t->to_float((const char *)w + (size_t)row * sb_type_row_size(type, n_in), out, n_in);
 }

@@ -6,7 +6,6 @@
  * Geometry is listed for every type, computable or not, so that the GGUF
  * reader can check the size of any tensor in any file.
  */
-#include <assert.h>
 #include <string.h>
 
 #include "base/base.h"

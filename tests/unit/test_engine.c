@@ -6,9 +6,17 @@
  * full queue behave, embeddings are unit vectors. Batch invariance also
  * with F16 and Q8_0 KV caches (Q8_0 on a generated model whose heads hold
  * 32 values: stories260K's hold 8, which a Q8_0 cache refuses).
+ *
+ * The executor under several engines: two models' requests at once give
+ * what each gives alone, and the busy engines alternate step by step; a
+ * high-priority request preempts low ones, which finish unchanged; an
+ * engine freed while another runs; no more threads than n_threads; an
+ * engine's memory as its allocations measure it.
  */
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +26,7 @@
 
 #include <cmocka.h>
 
+#include "base/base.h"
 #include "engine/engine.h"
 #include "model/synth.h"
 #include "testutil.h"
@@ -27,6 +36,8 @@
 typedef struct result {
     pthread_mutex_t lock;
     pthread_cond_t cond;
+    int tag;              /* > 0: its events go to the engine log under this tag */
+    int first_at, done_at; /* when its first token and its end came, on event_clock */
     bool done;
     sb_finish finish;
     int32_t tokens[MAX_GEN];
@@ -38,9 +49,26 @@ typedef struct result {
     int32_t n_embd;
 } result;
 
+/* Every request's events in arrival order: a clock, and the tags of tagged
+ * requests' tokens (which engine was stepped, step after step). */
+static atomic_int event_clock;
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static int event_log[4096], n_event_log;
+
 static void on_event(void *user, const sb_gen_event *ev) {
     result *r = user;
+    int now = atomic_fetch_add(&event_clock, 1) + 1;
+    if (r->tag > 0 && ev->kind == SB_GEN_TOKEN) {
+        pthread_mutex_lock(&log_lock);
+        if (n_event_log < (int)SB_ARRAY_LEN(event_log))
+            event_log[n_event_log++] = r->tag;
+        pthread_mutex_unlock(&log_lock);
+    }
     pthread_mutex_lock(&r->lock);
+    if (ev->kind == SB_GEN_TOKEN && r->n == 0)
+        r->first_at = now;
+    if (ev->kind == SB_GEN_DONE)
+        r->done_at = now;
     if (ev->text_len && r->text_len + ev->text_len < sizeof(r->text)) {
         memcpy(r->text + r->text_len, ev->text, ev->text_len);
         r->text_len += ev->text_len;
@@ -73,25 +101,35 @@ static void result_wait(result *r) {
     pthread_mutex_unlock(&r->lock);
 }
 
-static sb_model_t *model, *wide_heads;
+static sb_model_t *model, *wide_heads, *other;
+static sb_executor *exec; /* the one every test's engines share, unless it makes its own */
 
 static int setup(void **state) {
     (void)state;
     sb_synth_params sp = sb_synth_default_params();
     sp.heads = 2; /* 32 values per head */
     sp.kv_heads = 1;
-    char path[300];
+    sb_synth_params op = sb_synth_default_params(); /* a second generated model, unlike the first */
+    op.seed = 7;
+    op.layers = 3;
+    char path[300], other_path[300];
     snprintf(path, sizeof(path), "%s/wide-heads.gguf", sb_test_tmpdir());
+    snprintf(other_path, sizeof(other_path), "%s/other.gguf", sb_test_tmpdir());
+    sb_executor_params xp = {.n_threads = 2};
     return sb_model_load(sb_test_fixture("models/stories260K.gguf"), &model, NULL) == SB_OK &&
-                   sb_synth_write(&sp, path, NULL) == SB_OK && sb_model_load(path, &wide_heads, NULL) == SB_OK
+                   sb_synth_write(&sp, path, NULL) == SB_OK && sb_model_load(path, &wide_heads, NULL) == SB_OK &&
+                   sb_synth_write(&op, other_path, NULL) == SB_OK &&
+                   sb_model_load(other_path, &other, NULL) == SB_OK && sb_executor_create(&xp, &exec, NULL) == SB_OK
                ? 0
                : -1;
 }
 
 static int teardown(void **state) {
     (void)state;
+    sb_executor_free(exec);
     sb_model_free(model);
     sb_model_free(wide_heads);
+    sb_model_free(other);
     return 0;
 }
 
@@ -111,10 +149,31 @@ static sb_gen_params greedy(const int32_t *prompt, int32_t n, int32_t max_tokens
     return p;
 }
 
+/* Request i with nothing else in the batch: an engine of its own. */
+static void run_alone(const sb_model_t *m, const sb_engine_params *ep, int i, sb_gen_params p, result *r) {
+    sb_engine_params one = *ep;
+    one.n_parallel = 1;
+    sb_engine *e;
+    assert_int_equal(sb_engine_create(m, &one, exec, &e, NULL), SB_OK);
+    int32_t prompt[64];
+    p.prompt = prompt;
+    p.n_prompt = make_prompt(i, prompt);
+    result_init(r);
+    assert_int_equal(sb_engine_submit(e, &p, on_event, r, NULL, NULL), SB_OK);
+    result_wait(r);
+    sb_engine_free(e);
+}
+
+static void assert_same_tokens(const result *a, const result *b) {
+    assert_true(a->n > 0);
+    assert_int_equal(a->n, b->n);
+    assert_memory_equal(a->tokens, b->tokens, (size_t)a->n * sizeof(int32_t));
+}
+
 static void run_all(const sb_model_t *m, const sb_engine_params *ep, int n_req, result *results,
                     sb_engine_stats *stats) {
     sb_engine *e;
-    assert_int_equal(sb_engine_create(m, ep, &e, NULL), SB_OK);
+    assert_int_equal(sb_engine_create(m, ep, exec, &e, NULL), SB_OK);
     int32_t prompts[16][64];
     for (int i = 0; i < n_req; i++) {
         int32_t n = make_prompt(i, prompts[i]);
@@ -139,19 +198,8 @@ static void batched_equals_alone(const sb_model_t *m, sb_cache_type cache_type) 
     sb_engine_params ep = sb_engine_default_params();
     ep.cache_type = cache_type;
     ep.n_ctx = 512;
-    ep.n_threads = 2;
-    ep.n_parallel = 1;
-    for (int i = 0; i < N; i++) { /* one at a time: nothing else in the batch */
-        sb_engine *e;
-        assert_int_equal(sb_engine_create(m, &ep, &e, NULL), SB_OK);
-        int32_t prompt[64];
-        int32_t n = make_prompt(i, prompt);
-        sb_gen_params p = greedy(prompt, n, 40);
-        result_init(&alone[i]);
-        assert_int_equal(sb_engine_submit(e, &p, on_event, &alone[i], NULL, NULL), SB_OK);
-        result_wait(&alone[i]);
-        sb_engine_free(e);
-    }
+    for (int i = 0; i < N; i++)
+        run_alone(m, &ep, i, greedy(NULL, 0, 40), &alone[i]);
     ep.n_parallel = 16;
     ep.max_batch_tokens = 64; /* prompts get chunked and mixed with decoding */
     run_all(m, &ep, N, together, NULL);
@@ -162,11 +210,8 @@ static void batched_equals_alone(const sb_model_t *m, sb_cache_type cache_type) 
             (unsigned long long)st.steps);
     assert_true(st.preemptions > 0);
     for (int i = 0; i < N; i++) {
-        assert_true(alone[i].n > 0);
-        assert_int_equal(alone[i].n, together[i].n);
-        assert_memory_equal(alone[i].tokens, together[i].tokens, (size_t)alone[i].n * sizeof(int32_t));
-        assert_int_equal(alone[i].n, squeezed[i].n);
-        assert_memory_equal(alone[i].tokens, squeezed[i].tokens, (size_t)alone[i].n * sizeof(int32_t));
+        assert_same_tokens(&alone[i], &together[i]);
+        assert_same_tokens(&alone[i], &squeezed[i]);
         assert_int_equal(alone[i].text_len, together[i].text_len);
     }
 }
@@ -181,7 +226,7 @@ static void test_batched_equals_alone(void **state) {
     ep.cache_type = SB_CACHE_Q8_0;
     sb_engine *e = NULL;
     sb_error err;
-    assert_int_equal(sb_engine_create(model, &ep, &e, &err), SB_ERR_INVALID_ARG);
+    assert_int_equal(sb_engine_create(model, &ep, exec, &e, &err), SB_ERR_INVALID_ARG);
     assert_null(e);
     assert_non_null(strstr(err.msg, "multiple of 32"));
 }
@@ -190,9 +235,8 @@ static void test_prefix_computed_once(void **state) {
     (void)state;
     sb_engine_params ep = sb_engine_default_params();
     ep.n_ctx = 512;
-    ep.n_threads = 1;
     sb_engine *e;
-    assert_int_equal(sb_engine_create(model, &ep, &e, NULL), SB_OK);
+    assert_int_equal(sb_engine_create(model, &ep, exec, &e, NULL), SB_OK);
     int32_t prompt[100];
     prompt[0] = 1;
     for (int t = 1; t < 100; t++)
@@ -222,9 +266,8 @@ static void test_cancel_and_queue_full(void **state) {
     ep.n_ctx = 512;
     ep.n_parallel = 1;
     ep.max_queue = 2;
-    ep.n_threads = 1;
     sb_engine *e;
-    assert_int_equal(sb_engine_create(model, &ep, &e, NULL), SB_OK);
+    assert_int_equal(sb_engine_create(model, &ep, exec, &e, NULL), SB_OK);
     int32_t prompt[1] = {1};
     static result r[3];
     uint64_t ids[3];
@@ -259,7 +302,7 @@ static void test_embedding_unit_norm(void **state) {
     sb_engine *e;
     sb_engine_params ep = sb_engine_default_params();
     ep.n_ctx = 256;
-    assert_int_equal(sb_engine_create(model, &ep, &e, NULL), SB_OK);
+    assert_int_equal(sb_engine_create(model, &ep, exec, &e, NULL), SB_OK);
     int32_t prompt[5] = {1, 403, 407, 261, 378};
     sb_gen_params p = {.prompt = prompt, .n_prompt = 5, .embedding = true, .sampling = sb_sampler_default_params()};
     static result r;
@@ -274,12 +317,255 @@ static void test_embedding_unit_norm(void **state) {
     sb_engine_free(e);
 }
 
+/* ---- the executor ------------------------------------------------------------ */
+
+static sb_gen_params long_greedy(int32_t max_tokens) {
+    sb_gen_params p = greedy(NULL, 0, max_tokens);
+    p.ignore_eos = true;
+    return p;
+}
+
+static void submit_prompt(sb_engine *e, int i, sb_gen_params p, result *r) {
+    int32_t prompt[64];
+    p.prompt = prompt;
+    p.n_prompt = make_prompt(i, prompt);
+    result_init(r);
+    sb_error err;
+    if (sb_engine_submit(e, &p, on_event, r, NULL, &err) != SB_OK)
+        fail_msg("submit: %s", err.msg);
+}
+
+/* Waits until request r has generated at least n tokens. */
+static void wait_tokens(result *r, int n) {
+    for (;;) {
+        pthread_mutex_lock(&r->lock);
+        bool there = r->n >= n || r->done;
+        pthread_mutex_unlock(&r->lock);
+        if (there)
+            return;
+        usleep(200);
+    }
+}
+
+static int count_threads(void) {
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Two models on one executor, both busy: each request's greedy tokens are
+ * what it gives alone, and while both have work the executor alternates,
+ * one step each: a run of one engine's tokens between the other's is one
+ * step, at most one token per sequence. */
+static void test_two_models_share_one_executor(void **state) {
+    (void)state;
+    enum { N = 6 };
+    static result alone[2][N], together[2][N];
+    const sb_model_t *models[2] = {model, other};
+    sb_engine_params ep = sb_engine_default_params();
+    ep.n_ctx = 512;
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < N; i++)
+            run_alone(models[k], &ep, i, long_greedy(40), &alone[k][i]);
+    sb_engine *e[2];
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(sb_engine_create(models[k], &ep, exec, &e[k], NULL), SB_OK);
+    n_event_log = 0;
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < 2; k++) {
+            submit_prompt(e[k], i, long_greedy(40), &together[k][i]);
+            together[k][i].tag = k + 1;
+        }
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < N; i++) {
+            result_wait(&together[k][i]);
+            assert_same_tokens(&alone[k][i], &together[k][i]);
+        }
+    int runs = 0, longest = 0;
+    for (int a = 0, b; a < n_event_log; a = b) {
+        for (b = a; b < n_event_log && event_log[b] == event_log[a];)
+            b++;
+        if (a > 0 && b < n_event_log) { /* the first and last runs may hold several steps */
+            runs++;
+            longest = SB_MAX(longest, b - a);
+        }
+    }
+    fprintf(stderr, "two models: %d tokens, %d inner runs, the longest %d\n", n_event_log, runs, longest);
+    assert_true(runs >= 30); /* 40 tokens per request, N per step: about 40 steps each */
+    assert_true(longest <= N);
+    for (int k = 0; k < 2; k++)
+        sb_engine_free(e[k]);
+}
+
+/* An engine full of low-priority requests (two slots, a third waiting):
+ * a high-priority request goes in at once, preempting the newest low one,
+ * and finishes first; the low ones then finish with their greedy tokens
+ * unchanged, the preempted one before the one that waited. */
+static void test_priority_preempts_lower(void **state) {
+    (void)state;
+    static result alone[4], r[4];
+    sb_engine_params ep = sb_engine_default_params();
+    ep.n_ctx = 512;
+    sb_gen_params low = long_greedy(60), high = long_greedy(8);
+    high.priority = 5;
+    for (int i = 0; i < 3; i++)
+        run_alone(model, &ep, i, low, &alone[i]);
+    run_alone(model, &ep, 3, high, &alone[3]);
+    ep.n_parallel = 2;
+    sb_engine *e;
+    assert_int_equal(sb_engine_create(model, &ep, exec, &e, NULL), SB_OK);
+    submit_prompt(e, 0, low, &r[0]);
+    submit_prompt(e, 1, low, &r[1]);
+    wait_tokens(&r[0], 2);
+    wait_tokens(&r[1], 2); /* both slots taken */
+    submit_prompt(e, 2, low, &r[2]);
+    submit_prompt(e, 3, high, &r[3]);
+    for (int i = 0; i < 4; i++) {
+        result_wait(&r[i]);
+        assert_same_tokens(&alone[i], &r[i]);
+    }
+    sb_engine_stats st;
+    sb_engine_get_stats(e, &st);
+    assert_true(st.preemptions >= 1);
+    assert_true(r[3].first_at < r[2].first_at); /* admitted before the low one that waited */
+    for (int i = 0; i < 3; i++)
+        assert_true(r[3].done_at < r[i].done_at);
+    assert_true(r[1].done_at < r[2].done_at); /* the preempted one resumed first */
+    assert_int_equal(st.waiting + st.running, 0);
+    sb_engine_free(e);
+}
+
+/* The executor serves the engine of higher priority first. */
+static void test_priority_across_engines(void **state) {
+    (void)state;
+    static result r[2];
+    sb_engine_params ep = sb_engine_default_params();
+    ep.n_ctx = 512;
+    sb_engine *e[2];
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(sb_engine_create(k ? other : model, &ep, exec, &e[k], NULL), SB_OK);
+    sb_gen_params low = long_greedy(200), high = long_greedy(10);
+    high.priority = 1;
+    submit_prompt(e[0], 0, low, &r[0]);
+    wait_tokens(&r[0], 2);
+    pthread_mutex_lock(&r[0].lock);
+    int before = r[0].n;
+    pthread_mutex_unlock(&r[0].lock);
+    submit_prompt(e[1], 0, high, &r[1]);
+    result_wait(&r[1]);
+    pthread_mutex_lock(&r[0].lock);
+    int during = r[0].n - before;
+    pthread_mutex_unlock(&r[0].lock);
+    /* At most the step in flight at the submit and one decided just before it. */
+    fprintf(stderr, "priority across engines: the low one got %d tokens while the high one ran\n", during);
+    assert_true(during <= 2);
+    result_wait(&r[0]);
+    for (int k = 0; k < 2; k++)
+        sb_engine_free(e[k]);
+}
+
+/* Freeing an engine while another runs: its own requests end cancelled, the
+ * other's go on unchanged. */
+static void test_free_engine_while_others_run(void **state) {
+    (void)state;
+    enum { N = 4 };
+    static result alone[N], r[N], doomed[2];
+    sb_engine_params ep = sb_engine_default_params();
+    ep.n_ctx = 512;
+    for (int i = 0; i < N; i++)
+        run_alone(other, &ep, i, long_greedy(50), &alone[i]);
+    sb_engine *stays, *goes;
+    assert_int_equal(sb_engine_create(other, &ep, exec, &stays, NULL), SB_OK);
+    assert_int_equal(sb_engine_create(model, &ep, exec, &goes, NULL), SB_OK);
+    for (int i = 0; i < 2; i++)
+        submit_prompt(goes, i, long_greedy(0), &doomed[i]); /* until the context is full */
+    for (int i = 0; i < N; i++)
+        submit_prompt(stays, i, long_greedy(50), &r[i]);
+    wait_tokens(&doomed[0], 3);
+    wait_tokens(&r[0], 3);
+    sb_engine_free(goes);
+    for (int i = 0; i < 2; i++) {
+        assert_true(doomed[i].done); /* its DONE came before free returned */
+        assert_int_equal(doomed[i].finish, SB_FINISH_CANCELLED);
+    }
+    for (int i = 0; i < N; i++) {
+        result_wait(&r[i]);
+        assert_same_tokens(&alone[i], &r[i]);
+    }
+    sb_engine_free(stays);
+}
+
+/* An executor of n threads adds n threads to the process, its engines
+ * none, however many there are and however busy. */
+static void test_no_more_threads_than_n_threads(void **state) {
+    (void)state;
+    enum { N = 8 };
+    static result r[2][N];
+    int before = count_threads();
+    sb_executor *x;
+    sb_executor_params xp = {.n_threads = 3};
+    assert_int_equal(sb_executor_create(&xp, &x, NULL), SB_OK);
+    assert_int_equal(sb_executor_n_threads(x), 3);
+    int with_executor = count_threads();
+    assert_int_equal(with_executor - before, 3); /* the scheduler thread and 2 pool workers */
+    sb_engine_params ep = sb_engine_default_params();
+    ep.n_ctx = 512;
+    sb_engine *e[2];
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(sb_engine_create(k ? other : model, &ep, x, &e[k], NULL), SB_OK);
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < 2; k++)
+            submit_prompt(e[k], i, long_greedy(30), &r[k][i]);
+    wait_tokens(&r[0][0], 2);
+    wait_tokens(&r[1][0], 2);
+    assert_int_equal(count_threads(), with_executor); /* busy, both */
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < N; i++)
+            result_wait(&r[k][i]);
+    for (int k = 0; k < 2; k++)
+        sb_engine_free(e[k]);
+    sb_executor_free(x);
+    assert_int_equal(count_threads(), before);
+}
+
+/* sb_engine_memory is what creating the engine allocated: the heap grows by
+ * it (plus the executor's registration), and it holds at least the KV pool. */
+static void test_engine_memory_is_measured(void **state) {
+    (void)state;
+    sb_test_count_allocs_begin(); /* a fresh executor: every block it frees was counted */
+    sb_executor *x;
+    assert_int_equal(sb_executor_create(NULL, &x, NULL), SB_OK);
+    sb_engine_params ep = sb_engine_default_params();
+    ep.n_ctx = 1024;
+    size_t live = sb_test_live_bytes();
+    sb_engine *e;
+    assert_int_equal(sb_engine_create(model, &ep, x, &e, NULL), SB_OK);
+    size_t grown = sb_test_live_bytes() - live, mem = sb_engine_memory(e);
+    size_t kv = (size_t)2 * 1024 * 5 /* layers */ * 4 /* kv heads */ * 8 /* head size */ * 2 /* f16 */;
+    fprintf(stderr, "engine memory %zu bytes (heap grew %zu, KV %zu)\n", mem, grown, kv);
+    assert_true(mem >= kv && mem <= grown && grown - mem <= 256);
+    sb_engine_free(e);
+    sb_executor_free(x);
+    assert_int_equal(sb_test_live_bytes(), 0);
+    sb_test_count_allocs_end();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_prefix_computed_once),
         cmocka_unit_test(test_cancel_and_queue_full),
         cmocka_unit_test(test_embedding_unit_norm),
+        cmocka_unit_test(test_two_models_share_one_executor),
+        cmocka_unit_test(test_priority_preempts_lower),
+        cmocka_unit_test(test_priority_across_engines),
+        cmocka_unit_test(test_free_engine_while_others_run),
+        cmocka_unit_test(test_no_more_threads_than_n_threads),
+        cmocka_unit_test(test_engine_memory_is_measured),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "switchboard.h"
 #include "tensor/tensor.h"
 #include "testutil.h"
 
@@ -574,8 +575,15 @@ static void test_softmax_matches_scalar(void **state) {
 
 /* ---- level selection -------------------------------------------------- */
 
+/* The child's log callback: one line on stderr, marked as the callback's. */
+static void log_to_stderr(void *user, int level, const char *line) {
+    (void)user;
+    fprintf(stderr, "log %d: %s\n", level, line);
+}
+
 /* Runs sb_kernels_active() in a child with SB_CPU set to value; returns the
- * level it chose and whether it wrote to stderr. */
+ * level it chose and whether it warned through the log callback. Anything
+ * the library wrote to stderr itself fails the test. */
 static int level_in_child(const char *value, bool *warned) {
     int fds[2];
     assert_int_equal(pipe(fds), 0);
@@ -586,12 +594,20 @@ static int level_in_child(const char *value, bool *warned) {
         close(fds[0]);
         dup2(fds[1], 2);
         setenv("SB_CPU", value, 1);
+        sb_set_log_callback(log_to_stderr, NULL);
         _exit((int)sb_kernels_active()->level);
     }
     close(fds[1]);
     char buf[512];
-    ssize_t got = read(fds[0], buf, sizeof(buf));
+    ssize_t got = read(fds[0], buf, sizeof(buf) - 1);
     close(fds[0]);
+    if (got > 0) {
+        buf[got] = '\0';
+        char want[32];
+        snprintf(want, sizeof(want), "log %d: SB_CPU=", SB_LOG_WARN);
+        assert_true(strncmp(buf, want, strlen(want)) == 0);
+        assert_true(strchr(buf, '\n') == buf + got - 1); /* one line, nothing else */
+    }
     int status;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status));

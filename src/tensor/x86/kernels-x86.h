@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "tensor/kquants.h"
 #include "tensor/tensor-impl.h"
 
@@ -269,7 +270,8 @@ SBX_ALWAYS void f_tile(fmt f, fmt fx, int R, int T, int64_t n, const uint8_t *w,
 #define QS_MAGIC 0x4b400000
 
 /* Per-thread scratch: a weight area and an activation area, grown on
- * demand, freed when the thread exits. */
+ * demand, freed when the thread exits; through the allocator hook like
+ * every other allocation (sb_aligned_alloc). */
 typedef struct {
     uint8_t *p[2];
     size_t cap[2];
@@ -280,9 +282,9 @@ static bool scratch_key_ok;
 
 static void scratch_free(void *v) {
     scratch_areas *s = v;
-    free(s->p[0]);
-    free(s->p[1]);
-    free(s);
+    sb_aligned_free(s->p[0]);
+    sb_aligned_free(s->p[1]);
+    sb_free(s);
 }
 static void scratch_key_init(void) { scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0; }
 
@@ -293,16 +295,16 @@ static uint8_t *scratch_area(int i, size_t bytes) {
         return NULL;
     scratch_areas *s = pthread_getspecific(scratch_key);
     if (!s) {
-        s = calloc(1, sizeof(*s));
+        s = sb_calloc(1, sizeof(*s));
         if (!s || pthread_setspecific(scratch_key, s) != 0) {
-            free(s);
+            sb_free(s);
             return NULL;
         }
     }
     if (s->cap[i] < bytes) {
         const size_t cap = (bytes + bytes / 4 + 63) / 64 * 64;
-        free(s->p[i]);
-        s->p[i] = aligned_alloc(64, cap);
+        sb_aligned_free(s->p[i]);
+        s->p[i] = sb_aligned_alloc(64, cap);
         s->cap[i] = s->p[i] ? cap : 0;
     }
     return s->p[i];

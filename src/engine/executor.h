@@ -1,0 +1,68 @@
+/*
+ * executor.h - the process's compute: one thread pool and one scheduler
+ * thread that steps every registered engine, so that several loaded models
+ * share the cores without oversubscribing them.
+ *
+ * An engine (engine.h) owns a model's KV pool, forward scratch and
+ * sequences, and no threads: sb_engine_create registers it with an
+ * executor, whose thread runs one engine step (one batched forward pass and
+ * its sampling) at a time, on the executor's pool. The pool counts the
+ * executor thread itself, so n_threads is every compute thread there is,
+ * however many engines are loaded.
+ *
+ * Between engines, each iteration steps one engine that has work: the one
+ * whose most urgent sequence (waiting or running) has the highest
+ * sb_gen_params.priority; among equals the one stepped least recently, so
+ * busy models alternate step by step. An engine with only lower-priority
+ * work waits while a higher one has any (the gateway's tiers map to
+ * priorities: paid > free > batch). Within an engine, priorities order
+ * admission and preemption (engine.c). With no work anywhere the thread
+ * sleeps; a submit or cancel on any engine wakes it.
+ *
+ * Threads: create/free from any one thread; sb_executor_free only after
+ * every engine on it has been freed.
+ */
+#ifndef SB_EXECUTOR_H
+#define SB_EXECUTOR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "switchboard.h"
+#include "tensor/threadpool.h"
+
+typedef struct sb_executor sb_executor;
+typedef struct sb_engine sb_engine;
+
+typedef struct sb_executor_params {
+    int32_t n_threads; /* compute threads in all, the scheduler's included; 0 = online cores */
+} sb_executor_params;
+sb_executor_params sb_executor_default_params(void);
+
+sb_status sb_executor_create(const sb_executor_params *p, sb_executor **out, sb_error *err);
+/* Stops the thread and the pool. Every engine must have been freed before. */
+void sb_executor_free(sb_executor *x);
+int32_t sb_executor_n_threads(const sb_executor *x);
+
+/* ---- between the executor and its engines (engine.c only) ---------------- */
+
+/* The pool every engine's forward pass and sampling run on; only the
+ * executor thread calls into it. */
+sb_threadpool *sb__executor_pool(sb_executor *x);
+/* Registers an engine: from now on the executor thread may step it. */
+sb_status sb__executor_add(sb_executor *x, sb_engine *e, sb_error *err);
+/* Deregisters it, waiting for a step of it in progress to end; afterwards
+ * the executor never touches it. Not from the executor thread itself (an
+ * engine callback) for the engine it is stepping. */
+void sb__executor_remove(sb_executor *x, sb_engine *e);
+/* Work arrived for an engine (a submit, a cancel): wakes the thread. Call
+ * after the work is visible to sb__engine_take_incoming. */
+void sb__executor_kick(sb_executor *x);
+
+/* What the executor asks of an engine, on the executor thread (engine.c). */
+void sb__engine_take_incoming(sb_engine *e); /* moves submitted requests and cancellations in */
+/* Whether the engine has work; if so *priority is its most urgent sequence's. */
+bool sb__engine_has_work(const sb_engine *e, int32_t *priority);
+void sb__engine_step(sb_engine *e); /* one scheduling step */
+
+#endif
