@@ -17,6 +17,7 @@
 #ifndef SB_REGISTRY_PROMPTS_H
 #define SB_REGISTRY_PROMPTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <cjson/cJSON.h>
@@ -36,6 +37,9 @@ sb_status sb_prompt_render(const sb_regfile_prompt *p, const cJSON *variables, c
  * validation runs on every prompt); on failure *offset is the byte offset of
  * the problem and err says what it is. */
 sb_status sb_prompt_check(const char *template_text, size_t *offset, sb_error *err);
+
+/* True if the template has a {{name}} placeholder. */
+bool sb_prompt_uses(const char *template_text, const char *name);
 
 /* The prompt of that id and version in rf (the file's and the built-ins it
  * does not override); version NULL = the latest. NULL if there is none. */

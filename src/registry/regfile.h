@@ -182,6 +182,8 @@ typedef struct sb_regfile {
     size_t n_routes;
     sb_regfile_prompt *prompts; /* the file's, in file order, then the built-ins it does not override */
     size_t n_prompts;
+    struct sb_regfile_name *names; /* private: every servable name, sorted, for sb_regfile_resolve */
+    size_t n_names;
 } sb_regfile;
 
 /* Reads and validates the registry file at path. On success *out owns the
@@ -231,5 +233,10 @@ bool sb_regfile_model_same_load(const sb_regfile_model *a, const sb_regfile_mode
  * s, m, h ("1h30m", "1.5s"), or a bare number of seconds ("300", "-1").
  * Negative = SB_REGFILE_FOREVER. false for anything else (or overflow). */
 bool sb_regfile_parse_duration(const char *s, int64_t *ms);
+
+/* Internal, for the fuzz harness: the offset where each JSON value of a
+ * valid text starts (a member's: where its name starts), in document order;
+ * writes at most cap and returns the count. */
+size_t sb__regfile_scan(const char *text, size_t len, size_t *offsets, size_t cap);
 
 #endif
