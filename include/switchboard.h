@@ -32,7 +32,9 @@ extern "C" {
     X(SB_ERR_INVALID_ARG, -5, "invalid argument")                           \
     X(SB_ERR_CONTEXT_FULL, -6, "context length exceeded")                   \
     X(SB_ERR_NOT_FOUND, -7, "not found")                                    \
-    X(SB_ERR_BUSY, -8, "busy: too many requests waiting")
+    X(SB_ERR_BUSY, -8, "busy: too many requests waiting")                   \
+    X(SB_ERR_MODEL_NOT_FOUND, -9, "no such model")                          \
+    X(SB_ERR_OVER_BUDGET, -10, "the model does not fit the memory budget")
 
 typedef enum sb_status {
 #define SB_STATUS_ENUM(name, value, text) name = value,
@@ -87,8 +89,24 @@ typedef struct sb_model sb_model_t;
 sb_status sb_model_load(const char *path, sb_model_t **out, sb_error *err);
 void sb_model_free(sb_model_t *model);
 
+typedef struct sb_model_params {
+    /* Read the file into private memory instead of mapping it: the model then
+     * never reads the file again, so it may be replaced or rewritten in place
+     * while the model serves (a mapping would change, or fault, under it).
+     * Costs one read of the file at load. */
+    bool private_copy;
+} sb_model_params;
+sb_model_params sb_model_default_params(void);
+/* sb_model_load with parameters (NULL: the defaults, as sb_model_load). */
+sb_status sb_model_load_with(const char *path, const sb_model_params *params, sb_model_t **out, sb_error *err);
+/* Bytes the model holds in memory now: its packed weights and embedding
+ * copy, and the part of the file's image that is resident (measured with
+ * mincore, so a mapped file's pages count only once read). */
+size_t sb_model_memory(const sb_model_t *model);
+
 int32_t sb_model_n_vocab(const sb_model_t *model);
 int32_t sb_model_n_ctx_train(const sb_model_t *model);
+int32_t sb_model_n_embd(const sb_model_t *model); /* width of the hidden state (and of embeddings) */
 int32_t sb_model_token_bos(const sb_model_t *model); /* -1 if none */
 int32_t sb_model_token_eos(const sb_model_t *model); /* -1 if none */
 bool sb_model_add_bos(const sb_model_t *model);

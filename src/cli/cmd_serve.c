@@ -1,9 +1,11 @@
 /*
  * cmd_serve.c - `switchboard serve`: the OpenAI-compatible HTTP server
- * (src/server/) on one model until SIGINT or SIGTERM. It listens first and
- * loads the model after, so /health answers 503 during the load; the bound
- * address is printed as "listening on http://HOST:PORT" (with --port 0 the
- * kernel picks the port and this line says which).
+ * (src/server/) on a registry of models (--models models.json or a
+ * directory of .gguf files; -m FILE is a one-model registry) until SIGINT or
+ * SIGTERM; SIGHUP re-reads the registry. It listens first and reads the
+ * registry after, so /health answers 503 meanwhile; the bound address is
+ * printed as "listening on http://HOST:PORT" (with --port 0 the kernel
+ * picks the port and this line says which).
  */
 #include <pthread.h>
 #include <signal.h>
@@ -12,12 +14,35 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "registry/regfile.h"
 #include "server/server.h"
 
 static const char serve_usage[] =
-    "usage: switchboard serve -m FILE [--host 127.0.0.1] [--port 8080] [--ctx N] [--parallel N] [--threads N]\n"
-    "                         [--alias NAME] [--max-batch-tokens N] [--max-body BYTES] [--max-queue N]\n"
+    "usage: switchboard serve (-m FILE [--alias NAME] | --models models.json|DIR) [--host 127.0.0.1] [--port 8080]\n"
+    "                         [--memory-budget SIZE[K|M|G]] [--keep-alive DURATION (5m)] [--no-watch]\n"
+    "                         [--ctx N (the model's trained context)] [--parallel N] [--threads N]\n"
+    "                         [--max-batch-tokens N] [--max-body BYTES] [--max-queue N]\n"
     "                         [--timeout SECONDS] [--cache-type f32|f16|q8_0 (f16)] [--quiet]\n";
+
+/* "8G", "512M", "100000": bytes; exits with a usage error otherwise. */
+static size_t parse_size(const char *opt, const char *v) {
+    char *end;
+    double x = strtod(v, &end);
+    double mult = 1;
+    if (*end == 'K' || *end == 'k')
+        mult = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm')
+        mult = 1024.0 * 1024.0, end++;
+    else if (*end == 'G' || *end == 'g')
+        mult = 1024.0 * 1024.0 * 1024.0, end++;
+    if ((*end == 'B' || *end == 'b') && end[1] == '\0')
+        end++;
+    if (end == v || *end || !(x > 0) || x * mult > 1e18) {
+        fprintf(stderr, "switchboard serve: %s '%s' is not a size (bytes, or with a K/M/G suffix)\n", opt, v);
+        exit(SB_EXIT_USAGE);
+    }
+    return (size_t)(x * mult);
+}
 
 static void log_line(void *user, const char *line) { fprintf(stderr, "switchboard serve: %s\n", line); }
 
@@ -29,12 +54,26 @@ static void log_quiet(void *user, const char *line) {
 
 int sb_cmd_serve(int argc, char **argv) {
     sb_srv_params p = sb_srv_default_params();
-    const char *v;
+    const char *v, *model = NULL, *models = NULL;
     bool quiet = false;
+    p.engine.n_ctx = 0; /* each model's trained context, unless --ctx or its registry entry says otherwise */
     for (int i = 1; i < argc; i++) {
-        if (sb_cli_opt(argc, argv, &i, "-m", &p.model_path) || sb_cli_opt(argc, argv, &i, "--model", &p.model_path) ||
-            sb_cli_opt(argc, argv, &i, "--host", &p.host) || sb_cli_opt(argc, argv, &i, "--alias", &p.model_id))
+        if (sb_cli_opt(argc, argv, &i, "-m", &model) || sb_cli_opt(argc, argv, &i, "--model", &model) ||
+            sb_cli_opt(argc, argv, &i, "--models", &models) || sb_cli_opt(argc, argv, &i, "--host", &p.host) ||
+            sb_cli_opt(argc, argv, &i, "--alias", &p.model_id))
             continue;
+        if (sb_cli_opt(argc, argv, &i, "--memory-budget", &v))
+            p.memory_budget = parse_size("--memory-budget", v);
+        else if (sb_cli_opt(argc, argv, &i, "--keep-alive", &v)) {
+            int64_t ms;
+            if (!sb_regfile_parse_duration(v, &ms)) {
+                fprintf(stderr, "switchboard serve: --keep-alive '%s' is not a duration (30s, 5m, 1h, 0, -1)\n", v);
+                return SB_EXIT_USAGE;
+            }
+            p.keep_alive_ms = ms;
+        } else if (strcmp(argv[i], "--no-watch") == 0)
+            p.watch = false;
+        else
         if (sb_cli_opt(argc, argv, &i, "--port", &v))
             p.port = (uint16_t)sb_cli_int("--port", v, 0, 65535);
         else if (sb_cli_opt(argc, argv, &i, "-c", &v) || sb_cli_opt(argc, argv, &i, "--ctx", &v))
@@ -60,10 +99,11 @@ int sb_cmd_serve(int argc, char **argv) {
             return SB_EXIT_USAGE;
         }
     }
-    if (!p.model_path) {
-        fputs(serve_usage, stderr);
+    if (!model == !models) {
+        fprintf(stderr, "switchboard serve: give one of -m FILE or --models REGISTRY\n%s", serve_usage);
         return SB_EXIT_USAGE;
     }
+    p.models = model ? model : models;
     p.log = quiet ? log_quiet : log_line;
 
     /* Every thread started from here on inherits this mask, so the signals
@@ -72,6 +112,7 @@ int sb_cmd_serve(int argc, char **argv) {
     sigemptyset(&stop_signals);
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -79,8 +120,8 @@ int sb_cmd_serve(int argc, char **argv) {
     sb_error err;
     if (sb_srv_start(&p, &srv, &err) != SB_OK)
         return sb_cli_error("%s", err.msg);
-    fprintf(stderr, "switchboard serve: listening on http://%s:%u (loading %s)\n", p.host, (unsigned)sb_srv_port(srv),
-            p.model_path);
+    fprintf(stderr, "switchboard serve: listening on http://%s:%u (registry %s)\n", p.host, (unsigned)sb_srv_port(srv),
+            p.models);
     double t0 = sb_cli_now();
     if (sb_srv_load(srv, &err) != SB_OK) {
         sb_srv_stop(srv);
@@ -89,7 +130,12 @@ int sb_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "switchboard serve: ready in %.2fs\n", sb_cli_now() - t0);
 
     int sig = 0;
-    sigwait(&stop_signals, &sig);
+    while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP) {
+        if (sb_srv_reload(srv, &err) != SB_OK)
+            fprintf(stderr, "switchboard serve: SIGHUP: the registry is unchanged: %s\n", err.msg);
+        else
+            fprintf(stderr, "switchboard serve: SIGHUP: registry reloaded\n");
+    }
     fprintf(stderr, "switchboard serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     sb_srv_stop(srv);
     return 0;

@@ -98,6 +98,7 @@ struct sb_engine {
     uint64_t next_id;
     uint64_t *cancels; /* guarded by lock */
     int32_t n_cancels, cap_cancels;
+    bool cancel_all; /* sb_engine_cancel_all asked; guarded by lock */
     sb_engine_stats stats; /* guarded by lock */
 };
 
@@ -429,6 +430,11 @@ void sb__engine_take_incoming(sb_engine *e) {
     }
     e->incoming = e->incoming_tail = NULL;
     /* Cancellations: mark; the step drops them. */
+    for (int32_t i = 0; e->cancel_all && i < e->n_running; i++)
+        e->running[i]->cancelled = true;
+    for (seq *s = e->waiting; e->cancel_all && s; s = s->next)
+        s->cancelled = true;
+    e->cancel_all = false;
     for (int32_t c = 0; c < e->n_cancels; c++) {
         for (int32_t i = 0; i < e->n_running; i++)
             if (e->running[i]->id == e->cancels[c])
@@ -749,6 +755,13 @@ void sb_engine_cancel(sb_engine *e, uint64_t id) {
     }
     /* A request still in `incoming` is cancelled once it moves to waiting. */
     e->cancels[e->n_cancels++] = id;
+    pthread_mutex_unlock(&e->lock);
+    sb__executor_kick(e->exec);
+}
+
+void sb_engine_cancel_all(sb_engine *e) {
+    pthread_mutex_lock(&e->lock);
+    e->cancel_all = true;
     pthread_mutex_unlock(&e->lock);
     sb__executor_kick(e->exec);
 }

@@ -126,6 +126,8 @@ sb_status sb_engine_submit(sb_engine *e, const sb_gen_params *p, sb_gen_cb cb, v
  * gets SB_FINISH_CANCELLED unless it had already finished. Unknown ids are
  * ignored. */
 void sb_engine_cancel(sb_engine *e, uint64_t id);
+/* Ends every request submitted so far, as sb_engine_cancel does one. */
+void sb_engine_cancel_all(sb_engine *e);
 
 typedef struct sb_engine_stats {
     int32_t waiting, running; /* both 0: drained (a submitted request is always in one) */

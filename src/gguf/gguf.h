@@ -80,11 +80,16 @@ typedef struct sb_gguf {
     uint64_t data_offset; /* file offset of the tensor data section */
     const uint8_t *base;  /* the mapping (or caller buffer) */
     uint64_t size;
-    bool mapped; /* base came from mmap and is unmapped on close */
+    bool mapped; /* base came from mmap (the file's, or a private copy's) and is unmapped on close */
 } sb_gguf;
 
 /* Maps and parses `path`. On failure *out is NULL and err names the problem. */
 sb_status sb_gguf_open(const char *path, sb_gguf **out, sb_error *err);
+/* Reads `path` into private memory and parses it: the result never reads the
+ * file again, so the file may be replaced or rewritten while it is in use. */
+sb_status sb_gguf_open_private(const char *path, sb_gguf **out, sb_error *err);
+/* Bytes of an opened file's image that are in memory now (0 for a caller's buffer). */
+size_t sb_gguf_resident_bytes(const sb_gguf *gguf);
 /* Parses a file image held by the caller, who keeps it alive until close. */
 sb_status sb_gguf_open_memory(const void *data, uint64_t size, sb_gguf **out, sb_error *err);
 void sb_gguf_close(sb_gguf *gguf);

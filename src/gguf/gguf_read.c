@@ -344,7 +344,32 @@ sb_status sb_gguf_open_memory(const void *data, uint64_t size, sb_gguf **out, sb
     return SB_OK;
 }
 
-sb_status sb_gguf_open(const char *path, sb_gguf **out, sb_error *err) {
+/* The file's bytes in memory: its read-only mapping, or (private_copy) an
+ * anonymous mapping read from it, which nothing done to the file afterwards
+ * can change. MAP_FAILED with errno on failure. */
+static void *map_file(int fd, uint64_t size, bool private_copy) {
+    if (!private_copy)
+        return mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    uint8_t *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED)
+        return MAP_FAILED;
+    for (uint64_t done = 0; done < size;) {
+        ssize_t n = pread(fd, mem + done, (size_t)SB_MIN(size - done, (uint64_t)1 << 30), (off_t)done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int e = n == 0 ? EIO : errno; /* n == 0: the file shrank while we read it */
+            munmap(mem, size);
+            errno = e;
+            return MAP_FAILED;
+        }
+        done += (uint64_t)n;
+    }
+    mprotect(mem, size, PROT_READ);
+    return mem;
+}
+
+static sb_status open_file(const char *path, bool private_copy, sb_gguf **out, sb_error *err) {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -359,10 +384,11 @@ sb_status sb_gguf_open(const char *path, sb_gguf **out, sb_error *err) {
         close(fd);
         return sb_fail(err, SB_ERR_FORMAT, "%s: empty file, not a GGUF model", path);
     }
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *map = map_file(fd, size, private_copy);
     close(fd);
     if (map == MAP_FAILED)
-        return sb_fail(err, SB_ERR_IO, "%s: cannot map %llu bytes: %s", path, (unsigned long long)size, strerror(errno));
+        return sb_fail(err, SB_ERR_IO, "%s: cannot %s %llu bytes: %s", path, private_copy ? "read" : "map",
+                       (unsigned long long)size, strerror(errno));
     sb_status st = sb_gguf_open_memory(map, size, out, err);
     if (st != SB_OK) {
         munmap(map, size);
@@ -375,6 +401,27 @@ sb_status sb_gguf_open(const char *path, sb_gguf **out, sb_error *err) {
     }
     (*out)->mapped = true;
     return SB_OK;
+}
+
+sb_status sb_gguf_open(const char *path, sb_gguf **out, sb_error *err) { return open_file(path, false, out, err); }
+
+sb_status sb_gguf_open_private(const char *path, sb_gguf **out, sb_error *err) {
+    return open_file(path, true, out, err);
+}
+
+size_t sb_gguf_resident_bytes(const sb_gguf *g) {
+    if (!g->mapped)
+        return 0;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), n_pages = (g->size + page - 1) / page, resident = 0;
+    unsigned char vec[4096];
+    for (size_t first = 0; first < n_pages; first += sizeof vec) {
+        size_t n = SB_MIN(sizeof vec, n_pages - first);
+        if (mincore((void *)(g->base + first * page), n * page, vec) != 0)
+            return g->size; /* cannot tell: count all of it */
+        for (size_t i = 0; i < n; i++)
+            resident += vec[i] & 1;
+    }
+    return SB_MIN(resident * page, (size_t)g->size);
 }
 
 void sb_gguf_close(sb_gguf *g) {

@@ -16,14 +16,21 @@ struct sb_chat {
     char what[256];        /* for sb_chat_describe */
 };
 
-sb_status sb_chat_create(const sb_model_t *model, sb_chat **out, sb_error *err) {
+static sb_chat *chat_alloc(const sb_model_t *model) {
     sb_chat *c = sb_calloc(1, sizeof *c);
-    if (!(*out = c))
-        return sb_fail(err, SB_ERR_NOMEM, "chat template: out of memory");
+    if (!c)
+        return NULL;
     c->model = model;
     int32_t bos = sb_model_token_bos(model), eos = sb_model_token_eos(model);
     c->bos = bos >= 0 ? sb_token_text(model, bos) : NULL;
     c->eos = eos >= 0 ? sb_token_text(model, eos) : NULL;
+    return c;
+}
+
+sb_status sb_chat_create(const sb_model_t *model, sb_chat **out, sb_error *err) {
+    sb_chat *c = chat_alloc(model);
+    if (!(*out = c))
+        return sb_fail(err, SB_ERR_NOMEM, "chat template: out of memory");
     sb_gguf_str src;
     sb_error tpl_err;
     if (sb_gguf_get_str(model->gguf, "tokenizer.chat_template", &src, NULL) == SB_OK) {
@@ -42,6 +49,21 @@ sb_status sb_chat_create(const sb_model_t *model, sb_chat **out, sb_error *err) 
         *out = NULL;
     }
     return st;
+}
+
+sb_status sb_chat_create_from(const sb_model_t *model, const char *src, size_t len, const char *origin, sb_chat **out,
+                              sb_error *err) {
+    sb_chat *c = chat_alloc(model);
+    if (!(*out = c))
+        return sb_fail(err, SB_ERR_NOMEM, "chat template: out of memory");
+    sb_error tpl_err;
+    if (sb_tpl_parse(src, len, &c->tpl, &tpl_err) != SB_OK) {
+        sb_chat_free(c);
+        *out = NULL;
+        return sb_fail(err, tpl_err.status, "chat template %.200s: %.280s", origin, tpl_err.msg);
+    }
+    snprintf(c->what, sizeof c->what, "the chat template %.200s", origin);
+    return SB_OK;
 }
 
 void sb_chat_free(sb_chat *chat) {

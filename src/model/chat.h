@@ -19,6 +19,11 @@ typedef struct sb_chat sb_chat;
 
 /* Prepares the formatter for `model` (borrowed; must outlive it). */
 sb_status sb_chat_create(const sb_model_t *model, sb_chat **out, sb_error *err);
+/* The same with the template `src` (len bytes; `origin` names it in
+ * messages, e.g. its file) instead of the model's: one that does not parse
+ * is an error, not a fallback to ChatML. */
+sb_status sb_chat_create_from(const sb_model_t *model, const char *src, size_t len, const char *origin, sb_chat **out,
+                              sb_error *err);
 void sb_chat_free(sb_chat *chat);
 /* What renders prompts, for logs ("the model's chat template", ...). */
 const char *sb_chat_describe(const sb_chat *chat);

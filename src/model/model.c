@@ -41,8 +41,8 @@ void sb__advise_inside(const void *p, size_t size, uintptr_t unit, int advice) {
 static size_t weight_size(const sb_weight *w) { return sb_type_row_size(w->type, w->n_in) * (size_t)w->n_out; }
 
 /* The file's copy of a weight that now lives elsewhere is not read again:
- * its whole pages leave memory (only from a file mapping: this would zero
- * anonymous memory). */
+ * its whole pages leave memory (only from the reader's own mapping of the
+ * file or its private copy: a caller's buffer is not ours to zero). */
 static void drop_file_copy(const sb_model *m, const sb_weight *w) {
     if (m->gguf->mapped)
         sb__advise_inside(w->data, weight_size(w), (uintptr_t)sysconf(_SC_PAGESIZE), MADV_DONTNEED);
@@ -61,6 +61,7 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
     size_t total = embd ? sb_align_up(weight_size(embd), 64) : 0;
     for (size_t i = 0; i < n; i++) /* each copy 64-byte aligned, for the kernels' vector loads */
         total += sb_align_up(weight_size(list[i]), 64);
+    m->packed_bytes = total > 0 ? total + 63 : 0;
     if (total > 0 && !(m->packed = sb_malloc(total + 63))) {
         sb_free(list);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for %zu bytes of packed weights and the embedding table", total);
@@ -90,12 +91,19 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
 
 /* ---- loading ------------------------------------------------------------------ */
 
+sb_model_params sb_model_default_params(void) { return (sb_model_params){.private_copy = false}; }
+
 sb_status sb_model_load(const char *path, sb_model_t **out, sb_error *err) {
+    return sb_model_load_with(path, NULL, out, err);
+}
+
+sb_status sb_model_load_with(const char *path, const sb_model_params *params, sb_model_t **out, sb_error *err) {
     *out = NULL;
+    sb_model_params p = params ? *params : sb_model_default_params();
     sb_model *m = sb_calloc(1, sizeof(*m));
     if (!m)
         return sb_fail(err, SB_ERR_NOMEM, "out of memory");
-    sb_status st = sb_gguf_open(path, &m->gguf, err);
+    sb_status st = p.private_copy ? sb_gguf_open_private(path, &m->gguf, err) : sb_gguf_open(path, &m->gguf, err);
     if (st == SB_OK)
         st = sb_arch_load(m, err);
     if (st == SB_OK)
@@ -129,8 +137,11 @@ void sb_model_free(sb_model_t *m) {
     sb_free(m);
 }
 
+size_t sb_model_memory(const sb_model_t *m) { return m->packed_bytes + sb_gguf_resident_bytes(m->gguf); }
+
 int32_t sb_model_n_vocab(const sb_model_t *m) { return m->hp.n_vocab; }
 int32_t sb_model_n_ctx_train(const sb_model_t *m) { return m->hp.n_ctx_train; }
+int32_t sb_model_n_embd(const sb_model_t *m) { return m->hp.n_embd; }
 int32_t sb_model_token_bos(const sb_model_t *m) { return sb_vocab_bos(m->vocab); }
 int32_t sb_model_token_eos(const sb_model_t *m) { return sb_vocab_eos(m->vocab); }
 bool sb_model_add_bos(const sb_model_t *m) { return sb_vocab_add_bos(m->vocab); }

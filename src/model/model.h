@@ -104,6 +104,7 @@ struct sb_model {
     sb_weight rope_freqs;  /* optional (n_rot/2) divisors of the rotation frequencies (Llama 3.1) */
     sb_layer *layers;      /* n_layer */
     void *packed;          /* the packed matrices and the embedding table's copy (one allocation) */
+    size_t packed_bytes;   /* its size */
 };
 
 /* Architecture table (arch.c). */

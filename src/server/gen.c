@@ -25,6 +25,8 @@ typedef struct slot {
 
 struct sb_srv_gen {
     sb_srv *srv;
+    sb_engine *engine;   /* of the request's lease, which outlives every use of it here */
+    sb_srv_model_metrics *metrics; /* of the model that serves */
     atomic_int refs;
     int client_fd;
     bool wake_each; /* streaming: the connection thread wakes for every token, else when a choice ends */
@@ -105,10 +107,10 @@ static void on_event(void *user, const sb_gen_event *ev) {
     if (!done) {
         double t = now_s();
         if (s->last_token_s > 0)
-            sb_srv_metrics_itl(&g->srv->metrics, t - s->last_token_s);
+            sb_srv_metrics_itl(g->metrics, t - s->last_token_s);
         s->last_token_s = t;
     } else {
-        sb_srv_metrics_generation(&g->srv->metrics, ev->n_prompt, ev->n_generated, ev->ttft_s);
+        sb_srv_metrics_generation(g->metrics, ev->n_prompt, ev->n_generated, ev->ttft_s);
     }
 
     pthread_mutex_lock(&g->mu);
@@ -136,12 +138,9 @@ static void on_event(void *user, const sb_gen_event *ev) {
 }
 
 void sb_srv_gen_cancel(sb_srv_gen *g) {
-    pthread_rwlock_rdlock(&g->srv->engine_lock);
-    if (g->srv->engine)
-        for (int32_t i = 0; i < g->n_slots; i++)
-            if (g->slots[i].submitted)
-                sb_engine_cancel(g->srv->engine, g->slots[i].id);
-    pthread_rwlock_unlock(&g->srv->engine_lock);
+    for (int32_t i = 0; i < g->n_slots; i++)
+        if (g->slots[i].submitted)
+            sb_engine_cancel(g->engine, g->slots[i].id);
 }
 
 sb_status sb_srv_gen_submit(sb_srv *srv, const sb_oai_req *req, int client_fd, sb_srv_gen **out, sb_error *err) {
@@ -154,6 +153,8 @@ sb_status sb_srv_gen_submit(sb_srv *srv, const sb_oai_req *req, int client_fd, s
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for %d choices", (int)req->n_choices);
     }
     g->srv = srv;
+    g->engine = sb_reg_lease_engine(req->lease);
+    g->metrics = sb_srv_metrics_model(&srv->metrics, sb_reg_lease_name(req->lease));
     atomic_init(&g->refs, 1);
     g->client_fd = client_fd;
     g->wake_each = req->stream;
@@ -166,10 +167,7 @@ sb_status sb_srv_gen_submit(sb_srv *srv, const sb_oai_req *req, int client_fd, s
     pthread_cond_init(&g->cv, &ca);
     pthread_condattr_destroy(&ca);
 
-    sb_status st = SB_OK;
-    pthread_rwlock_rdlock(&srv->engine_lock);
-    if (!srv->engine)
-        st = sb_fail(err, SB_ERR_UNSUPPORTED, "the server is not ready");
+    sb_status st = g->metrics ? SB_OK : sb_fail(err, SB_ERR_NOMEM, "out of memory for the model's metrics");
     for (int32_t i = 0; st == SB_OK && i < g->n_slots; i++) {
         slot *s = &g->slots[i];
         s->gen = g;
@@ -181,7 +179,7 @@ sb_status sb_srv_gen_submit(sb_srv *srv, const sb_oai_req *req, int client_fd, s
         pthread_mutex_lock(&g->mu);
         g->n_live++;
         pthread_mutex_unlock(&g->mu);
-        st = sb_engine_submit(srv->engine, &gp, on_event, s, &s->id, err);
+        st = sb_engine_submit(g->engine, &gp, on_event, s, &s->id, err);
         if (st == SB_OK) {
             s->submitted = true;
         } else {
@@ -191,7 +189,6 @@ sb_status sb_srv_gen_submit(sb_srv *srv, const sb_oai_req *req, int client_fd, s
             pthread_mutex_unlock(&g->mu);
         }
     }
-    pthread_rwlock_unlock(&srv->engine_lock);
     if (st != SB_OK) {
         sb_srv_gen_cancel(g);
         sb_srv_gen_release(g);

@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/base.h"
+#include "registry/prompts.h"
 #include "server/gen.h"
 #include "server/openai.h"
 #include "server/server-impl.h"
@@ -163,12 +164,12 @@ static bool refuse_unsupported(const cJSON *root, const char *const *names, sb_o
 /* ---- prompts ------------------------------------------------------------- */
 
 /* Tokenizes text into a new list, BOS per the model when add_bos. */
-static bool tokenize(sb_srv *srv, const char *text, size_t len, bool add_bos, bool parse_special, int32_t **ids,
+static bool tokenize(const sb_model_t *model, const char *text, size_t len, bool add_bos, bool parse_special, int32_t **ids,
                      int32_t *n, const char *param, sb_oai_err *e) {
     size_t need = 0;
     sb_error err;
     int32_t probe[1];
-    sb_status st = sb_tokenize(srv->model, text, len, add_bos, parse_special, probe, 0, &need, &err);
+    sb_status st = sb_tokenize(model, text, len, add_bos, parse_special, probe, 0, &need, &err);
     if (st != SB_OK && st != SB_ERR_INVALID_ARG)
         return invalid(e, param, "invalid_value", "'%s' cannot be tokenized: %s", param, err.msg);
     if (need == 0)
@@ -177,7 +178,7 @@ static bool tokenize(sb_srv *srv, const char *text, size_t len, bool add_bos, bo
         sb_oai_err_set(e, 500, "server_error", NULL, param, "out of memory tokenizing '%s'", param);
         return false;
     }
-    if (sb_tokenize(srv->model, text, len, add_bos, parse_special, *ids, need, &need, &err) != SB_OK) {
+    if (sb_tokenize(model, text, len, add_bos, parse_special, *ids, need, &need, &err) != SB_OK) {
         sb_free(*ids);
         *ids = NULL;
         return invalid(e, param, "invalid_value", "'%s' cannot be tokenized: %s", param, err.msg);
@@ -187,7 +188,7 @@ static bool tokenize(sb_srv *srv, const char *text, size_t len, bool add_bos, bo
 }
 
 /* An array of token ids, each checked against the vocabulary. */
-static bool token_list(sb_srv *srv, const cJSON *arr, int32_t **ids, int32_t *n, const char *param, sb_oai_err *e) {
+static bool token_list(const sb_model_t *model, const cJSON *arr, int32_t **ids, int32_t *n, const char *param, sb_oai_err *e) {
     int size = cJSON_GetArraySize(arr);
     if (size == 0)
         return invalid(e, param, "invalid_value", "'%s' is empty", param);
@@ -195,7 +196,7 @@ static bool token_list(sb_srv *srv, const cJSON *arr, int32_t **ids, int32_t *n,
         sb_oai_err_set(e, 500, "server_error", NULL, param, "out of memory for '%s'", param);
         return false;
     }
-    int32_t n_vocab = sb_model_n_vocab(srv->model);
+    int32_t n_vocab = sb_model_n_vocab(model);
     int i = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, arr) {
@@ -227,15 +228,19 @@ static bool alloc_prompts(sb_oai_req *r, int32_t n, const char *param, sb_oai_er
 
 /* A completion prompt or embedding input: a string, an array of strings, an
  * array of token ids, or an array of token-id arrays. */
-static bool parse_prompts(sb_srv *srv, const cJSON *root, const char *name, sb_oai_req *r, sb_oai_err *e) {
+static bool parse_prompts(const cJSON *root, const char *name, sb_oai_req *r, sb_oai_err *e) {
+    const sb_model_t *model = sb_reg_lease_model(r->lease);
     const cJSON *v = field(root, name);
+    if (v && cJSON_IsObject(v) && r->library_text) /* a reference to the prompt library, rendered */
+        return alloc_prompts(r, 1, name, e) && tokenize(model, r->library_text, strlen(r->library_text), true, true,
+                                                        &r->prompts[0], &r->prompt_lens[0], name, e);
     if (!v)
         return invalid(e, name, "missing_required_parameter", "you must provide '%s'", name);
     const char *want = "a string, an array of strings, an array of token ids or an array of token-id arrays";
     if (cJSON_IsString(v)) {
         if (!alloc_prompts(r, 1, name, e))
             return false;
-        return tokenize(srv, v->valuestring, strlen(v->valuestring), true, true, &r->prompts[0], &r->prompt_lens[0],
+        return tokenize(model, v->valuestring, strlen(v->valuestring), true, true, &r->prompts[0], &r->prompt_lens[0],
                         name, e);
     }
     if (!cJSON_IsArray(v))
@@ -246,7 +251,7 @@ static bool parse_prompts(sb_srv *srv, const cJSON *root, const char *name, sb_o
     if (cJSON_IsNumber(v->child)) {
         if (!alloc_prompts(r, 1, name, e))
             return false;
-        return token_list(srv, v, &r->prompts[0], &r->prompt_lens[0], name, e);
+        return token_list(model, v, &r->prompts[0], &r->prompt_lens[0], name, e);
     }
     if (size > SB_OAI_MAX_CHOICES)
         return invalid(e, name, "invalid_value", "'%s' has %d entries; at most %d are allowed", name, size,
@@ -259,11 +264,11 @@ static bool parse_prompts(sb_srv *srv, const cJSON *root, const char *name, sb_o
         char param[64];
         snprintf(param, sizeof param, "%s[%d]", name, i);
         if (cJSON_IsString(item)) {
-            if (!tokenize(srv, item->valuestring, strlen(item->valuestring), true, true, &r->prompts[i],
+            if (!tokenize(model, item->valuestring, strlen(item->valuestring), true, true, &r->prompts[i],
                           &r->prompt_lens[i], param, e))
                 return false;
         } else if (cJSON_IsArray(item)) {
-            if (!token_list(srv, item, &r->prompts[i], &r->prompt_lens[i], param, e))
+            if (!token_list(model, item, &r->prompts[i], &r->prompt_lens[i], param, e))
                 return false;
         } else {
             return bad_type(e, param, "a string or an array of token ids", item);
@@ -273,9 +278,12 @@ static bool parse_prompts(sb_srv *srv, const cJSON *root, const char *name, sb_o
     return true;
 }
 
-/* Validates chat messages into a new array of {"role", "content": string}. */
-static cJSON *normalize_messages(const cJSON *root, sb_oai_err *e) {
+/* Validates chat messages into a new array of {"role", "content": string}.
+ * `optional`: a library prompt stands before them, so there may be none. */
+static cJSON *normalize_messages(const cJSON *root, bool optional, sb_oai_err *e) {
     const cJSON *msgs = field(root, "messages");
+    if (!msgs && optional)
+        return cJSON_CreateArray();
     if (!msgs) {
         invalid(e, "messages", "missing_required_parameter", "you must provide 'messages'");
         return NULL;
@@ -390,9 +398,33 @@ fail:
     return NULL;
 }
 
+/* Puts a message with `role` and `content` at position `at` of msgs. */
+static void insert_message(cJSON *msgs, int at, const char *role, const char *content) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "role", role);
+    cJSON_AddStringToObject(o, "content", content);
+    cJSON_InsertItemInArray(msgs, at, o);
+}
+
+/* The messages the template renders: the library prompt's text first (as
+ * the user's), and the model's system prompt when the request has none. */
+static cJSON *chat_messages(const cJSON *root, const sb_oai_req *r, sb_oai_err *e) {
+    cJSON *msgs = normalize_messages(root, r->library_text != NULL, e);
+    if (!msgs)
+        return NULL;
+    if (r->library_text)
+        insert_message(msgs, 0, "user", r->library_text);
+    const char *sys = sb_reg_lease_config(r->lease)->system_prompt;
+    const cJSON *first = cJSON_GetArrayItem(msgs, 0);
+    const cJSON *role = first ? cJSON_GetObjectItemCaseSensitive(first, "role") : NULL;
+    if (sys && !(cJSON_IsString(role) && strcmp(role->valuestring, "system") == 0))
+        insert_message(msgs, 0, "system", sys);
+    return msgs;
+}
+
 /* Renders and tokenizes the chat prompt into r->prompts[0]. */
-static bool chat_prompt(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
-    cJSON *msgs = normalize_messages(root, e);
+static bool chat_prompt(const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
+    cJSON *msgs = chat_messages(root, r, e);
     if (!msgs)
         return false;
     char *json = cJSON_PrintUnformatted(msgs);
@@ -406,7 +438,7 @@ static bool chat_prompt(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_er
     int32_t *ids;
     size_t n;
     sb_error err;
-    sb_status st = sb_chat_tokenize(srv->chat, json, &ids, &n, &err);
+    sb_status st = sb_chat_tokenize(sb_reg_lease_chat(r->lease), json, &ids, &n, &err);
     cJSON_free(json);
     if (st == SB_ERR_NOMEM) {
         sb_oai_err_set(e, 500, "server_error", NULL, "messages", "%s", err.msg);
@@ -453,6 +485,21 @@ static bool parse_stop(const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
     return true;
 }
 
+/* Default stop strings (the registry's), replacing earlier defaults. */
+static bool copy_stops(const sb_regfile_params *p, sb_oai_req *r, sb_oai_err *e) {
+    for (size_t i = 0; i < r->n_stops; i++)
+        sb_free(r->stops[i]);
+    r->n_stops = 0;
+    for (size_t i = 0; i < p->n_stop && i < SB_OAI_MAX_STOPS; i++) {
+        if (!(r->stops[i] = sb_strndup(p->stop[i], strlen(p->stop[i])))) {
+            sb_oai_err_set(e, 500, "server_error", NULL, "stop", "out of memory for 'stop'");
+            return false;
+        }
+        r->n_stops++;
+    }
+    return true;
+}
+
 /* The sampling and length parameters chat and completions share. */
 static bool parse_generation(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
     sb_sampler_params *sp = &r->sampling;
@@ -462,8 +509,24 @@ static bool parse_generation(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_o
     sp->top_k = 0;
     sp->top_p = 1.0f;
     sp->min_p = 0.0f;
-    int64_t top_k = 0, n = 1, max_tokens = r->max_tokens, max_completion = 0, seed = 0;
+    /* Then the model's defaults from the registry, then the library prompt's; the request's own fields last. */
+    const sb_regfile_params *layers[] = {&sb_reg_lease_config(r->lease)->params, r->library ? &r->library->params : NULL};
     bool seed_given = false, max_given = false;
+    int64_t seed = 0;
+    for (size_t i = 0; i < SB_ARRAY_LEN(layers); i++) {
+        if (!layers[i])
+            continue;
+        sb_regfile_params_apply(layers[i], sp);
+        if (layers[i]->set & SB_PARAM_MAX_TOKENS)
+            r->max_tokens = layers[i]->max_tokens;
+        if (layers[i]->set & SB_PARAM_SEED) {
+            seed = (int64_t)layers[i]->seed;
+            seed_given = true;
+        }
+        if ((layers[i]->set & SB_PARAM_STOP) && !field(root, "stop") && !copy_stops(layers[i], r, e))
+            return false;
+    }
+    int64_t top_k = sp->top_k, n = 1, max_tokens = r->max_tokens, max_completion = 0;
     if (!get_float(root, "temperature", 0, 2, &sp->temperature, e) || !get_float(root, "top_p", 0, 1, &sp->top_p, e) ||
         !get_float(root, "min_p", 0, 1, &sp->min_p, e) ||
         !get_float(root, "presence_penalty", -2, 2, &sp->presence_penalty, e) ||
@@ -493,25 +556,86 @@ static bool parse_generation(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_o
     return true;
 }
 
-static bool check_model(sb_srv *srv, const cJSON *root, sb_oai_err *e) {
-    const cJSON *m = field(root, "model");
-    if (!m)
-        return invalid(e, "model", "missing_required_parameter", "you must provide a model parameter");
-    if (!cJSON_IsString(m))
-        return bad_type(e, "model", "a string", m);
-    if (strcmp(m->valuestring, srv->id) != 0) {
-        sb_oai_err_set(e, 404, "invalid_request_error", "model_not_found", "model",
-                       "The model '%.200s' does not exist; this server serves '%.200s'", m->valuestring, srv->id);
+/* A reference to the prompt library ({"id", "version", "variables"}) in
+ * `name` (chat: "prompt"; completions: "prompt" when it is an object):
+ * looked up and rendered into r->library_text. */
+static bool library_prompt(sb_srv *srv, const cJSON *root, const char *name, sb_oai_req *r, sb_oai_err *e) {
+    const cJSON *ref = field(root, name);
+    if (!ref || !cJSON_IsObject(ref))
+        return true;
+    const cJSON *id = field(ref, "id"), *version = field(ref, "version"), *vars = field(ref, "variables");
+    char param[64], ver[64] = "";
+    snprintf(param, sizeof param, "%s.id", name);
+    if (!cJSON_IsString(id))
+        return id ? bad_type(e, param, "a string", id) : invalid(e, param, "missing_required_parameter", "'%s' is missing", param);
+    if (cJSON_IsNumber(version))
+        snprintf(ver, sizeof ver, "%.15g", version->valuedouble);
+    else if (cJSON_IsString(version))
+        snprintf(ver, sizeof ver, "%.63s", version->valuestring);
+    else if (version && !cJSON_IsNull(version))
+        return bad_type(e, "prompt.version", "a string or a number", version);
+    r->reg = srv->reg;
+    r->library_file = sb_registry_file_acquire(srv->reg);
+    sb_error err;
+    if (sb_prompt_lookup(r->library_file, id->valuestring, ver[0] ? ver : NULL, &r->library, &err) != SB_OK) {
+        sb_oai_err_set(e, 404, "invalid_request_error", "prompt_not_found", param, "%s", err.msg);
         return false;
     }
+    if (sb_prompt_render(r->library, vars, &r->library_text, &err) != SB_OK) {
+        snprintf(param, sizeof param, "%s.variables", name);
+        return invalid(e, param, "invalid_value", "%s", err.msg);
+    }
     return true;
+}
+
+/* "keep_alive" as Ollama takes it: seconds, or a duration ("5m"); negative
+ * keeps the model loaded, 0 unloads it when the request ends. */
+static bool get_keep_alive(const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
+    const cJSON *v = field(root, "keep_alive");
+    int64_t ms;
+    if (!v)
+        return true;
+    if (cJSON_IsNumber(v) && isfinite(v->valuedouble) && fabs(v->valuedouble) < 1e12)
+        ms = v->valuedouble < 0 ? SB_REGFILE_FOREVER : (int64_t)(v->valuedouble * 1e3);
+    else if (!cJSON_IsString(v) || !sb_regfile_parse_duration(v->valuestring, &ms))
+        return invalid(e, "keep_alive", "invalid_value",
+                       "'keep_alive' must be a number of seconds or a duration such as \"5m\" or \"-1\"");
+    r->keep_alive_s = ms < 0 ? -1.0 : (double)ms / 1e3;
+    return true;
+}
+
+/* The model that serves: the request's "model" (or its library prompt's),
+ * routed by the registry, loading it if needed. */
+static bool route_model(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
+    const cJSON *m = field(root, "model"), *user = field(root, "user");
+    const char *name = cJSON_IsString(m) ? m->valuestring : !m && r->library ? r->library->model : NULL;
+    if (!name && !m)
+        return invalid(e, "model", "missing_required_parameter", "you must provide a model parameter");
+    if (!name)
+        return bad_type(e, "model", "a string", m);
+    if (user && !cJSON_IsString(user))
+        return bad_type(e, "user", "a string", user);
+    sb_error err;
+    sb_status st = sb_registry_acquire(srv->reg, name, user ? user->valuestring : NULL, &r->lease, &err);
+    if (st == SB_ERR_MODEL_NOT_FOUND)
+        sb_oai_err_set(e, 404, "invalid_request_error", "model_not_found", "model", "%s", err.msg);
+    else if (st == SB_ERR_OVER_BUDGET)
+        sb_oai_err_set(e, 507, "server_error", "insufficient_storage", "model", "%s", err.msg);
+    else if (st == SB_ERR_NOMEM)
+        sb_oai_err_set(e, 500, "server_error", NULL, "model", "%s", err.msg);
+    else if (st != SB_OK)
+        sb_oai_err_set(e, 503, "server_error", "model_unavailable", "model", "%s", err.msg);
+    if (st != SB_OK)
+        return false;
+    return get_keep_alive(root, r, e);
 }
 
 static bool parse_chat(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
     static const char *const unsupported[] = {"tools",    "tool_choice", "functions",          "function_call",
                                               "logit_bias", "audio",     "prediction",         "web_search_options",
                                               NULL};
-    if (!refuse_unsupported(root, unsupported, e) || !check_model(srv, root, e))
+    if (!refuse_unsupported(root, unsupported, e) || !library_prompt(srv, root, "prompt", r, e) ||
+        !route_model(srv, root, r, e))
         return false;
     const cJSON *rf = field(root, "response_format");
     if (rf) {
@@ -539,10 +663,10 @@ static bool parse_chat(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err
     if (top > 0 && !r->logprobs)
         return invalid(e, "top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs' set to true");
     r->top_logprobs = (int32_t)top;
-    if (!chat_prompt(srv, root, r, e))
+    if (!chat_prompt(root, r, e))
         return false;
     /* Without max_tokens, a chat answer may run to the end of the model's context. */
-    int32_t n_ctx = SB_MIN(sb_model_n_ctx_train(srv->model), srv->p.engine.n_ctx);
+    int32_t n_ctx = sb_reg_lease_n_ctx(r->lease);
     if (r->max_tokens <= 0 && n_ctx > r->prompt_lens[0])
         r->max_tokens = n_ctx - r->prompt_lens[0];
     return true;
@@ -550,7 +674,8 @@ static bool parse_chat(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err
 
 static bool parse_completion(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
     static const char *const unsupported[] = {"logit_bias", "suffix", "echo", NULL};
-    if (!refuse_unsupported(root, unsupported, e) || !check_model(srv, root, e))
+    if (!refuse_unsupported(root, unsupported, e) || !library_prompt(srv, root, "prompt", r, e) ||
+        !route_model(srv, root, r, e))
         return false;
     int64_t lp = 0, best_of = 1;
     bool lp_given = false;
@@ -562,11 +687,11 @@ static bool parse_completion(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_o
         return invalid(e, "best_of", "unsupported_value", "'best_of' other than n is not supported by switchboard");
     r->logprobs = lp_given;
     r->top_logprobs = (int32_t)lp;
-    return parse_prompts(srv, root, "prompt", r, e);
+    return parse_prompts(root, "prompt", r, e);
 }
 
 static bool parse_embedding(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
-    if (!check_model(srv, root, e) || !check_string(root, "user", e))
+    if (!route_model(srv, root, r, e))
         return false;
     const cJSON *fmt = field(root, "encoding_format");
     if (fmt) {
@@ -577,21 +702,23 @@ static bool parse_embedding(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oa
         else if (strcmp(fmt->valuestring, "float") != 0)
             return invalid(e, "encoding_format", "invalid_value", "'encoding_format' must be 'float' or 'base64'");
     }
-    int64_t dims = srv->n_embd;
+    const int32_t n_embd = sb_model_n_embd(sb_reg_lease_model(r->lease));
+    int64_t dims = n_embd;
     if (!get_int(root, "dimensions", 1, 1 << 30, &dims, NULL, e))
         return false;
-    if (dims != srv->n_embd)
+    if (dims != n_embd)
         return invalid(e, "dimensions", "unsupported_value",
                        "'dimensions' %lld is not supported: this model's embeddings have %d", (long long)dims,
-                       (int)srv->n_embd);
+                       (int)n_embd);
     r->n = 1;
     r->sampling = sb_sampler_default_params();
-    return parse_prompts(srv, root, "input", r, e);
+    return parse_prompts(root, "input", r, e);
 }
 
 bool sb_oai_parse(sb_srv *srv, sb_oai_kind kind, const char *body, size_t len, sb_oai_req *out, sb_oai_err *e) {
     memset(out, 0, sizeof *out);
     out->kind = kind;
+    out->keep_alive_s = SB_REG_KEEP_ALIVE_UNCHANGED;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {
@@ -635,6 +762,10 @@ void sb_oai_req_free(sb_oai_req *r) {
     sb_free(r->prompt_lens);
     for (size_t i = 0; i < r->n_stops; i++)
         sb_free(r->stops[i]);
+    sb_reg_lease_release(r->lease, r->keep_alive_s);
+    if (r->library_file)
+        sb_registry_file_release(r->reg, r->library_file);
+    sb_free(r->library_text);
     memset(r, 0, sizeof *r);
 }
 
@@ -682,9 +813,9 @@ void sb_oai_resp_free(sb_oai_resp *r) {
 static const char *finish_reason(sb_finish f) { return f == SB_FINISH_LENGTH ? "length" : "stop"; }
 
 /* A token's text as OpenAI shows it in logprobs (leading space included). */
-static void token_piece(sb_srv *srv, int32_t token, char *buf, size_t cap) {
+static void token_piece(const sb_model_t *model, int32_t token, char *buf, size_t cap) {
     size_t n = 0;
-    if (sb_detokenize(srv->model, &token, 1, false, true, buf, cap, &n, NULL) != SB_OK)
+    if (sb_detokenize(model, &token, 1, false, true, buf, cap, &n, NULL) != SB_OK)
         buf[0] = '\0';
 }
 
@@ -696,17 +827,17 @@ static cJSON *bytes_json(const char *s) {
 }
 
 /* Chat: one entry of logprobs.content. */
-static cJSON *chat_logprob(sb_srv *srv, const sb_srv_event *ev) {
+static cJSON *chat_logprob(const sb_model_t *model, const sb_srv_event *ev) {
     char piece[256];
     cJSON *o = cJSON_CreateObject();
-    token_piece(srv, ev->token, piece, sizeof piece);
+    token_piece(model, ev->token, piece, sizeof piece);
     cJSON_AddStringToObject(o, "token", piece);
     cJSON_AddNumberToObject(o, "logprob", ev->logprob);
     cJSON_AddItemToObject(o, "bytes", bytes_json(piece));
     cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
     for (int32_t i = 0; i < ev->n_top; i++) {
         cJSON *t = cJSON_CreateObject();
-        token_piece(srv, ev->top[i].token, piece, sizeof piece);
+        token_piece(model, ev->top[i].token, piece, sizeof piece);
         cJSON_AddStringToObject(t, "token", piece);
         cJSON_AddNumberToObject(t, "logprob", ev->top[i].logprob);
         cJSON_AddItemToObject(t, "bytes", bytes_json(piece));
@@ -716,14 +847,14 @@ static cJSON *chat_logprob(sb_srv *srv, const sb_srv_event *ev) {
 }
 
 /* Completions: appends one token to a {tokens, token_logprobs, top_logprobs, text_offset} object. */
-static void completion_logprob(sb_srv *srv, cJSON *lp, const sb_srv_event *ev, size_t offset) {
+static void completion_logprob(const sb_model_t *model, cJSON *lp, const sb_srv_event *ev, size_t offset) {
     char piece[256];
-    token_piece(srv, ev->token, piece, sizeof piece);
+    token_piece(model, ev->token, piece, sizeof piece);
     cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "tokens"), cJSON_CreateString(piece));
     cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "token_logprobs"), cJSON_CreateNumber(ev->logprob));
     cJSON *top = cJSON_CreateObject();
     for (int32_t i = 0; i < ev->n_top; i++) {
-        token_piece(srv, ev->top[i].token, piece, sizeof piece);
+        token_piece(model, ev->top[i].token, piece, sizeof piece);
         if (!cJSON_GetObjectItemCaseSensitive(top, piece))
             cJSON_AddNumberToObject(top, piece, ev->top[i].logprob);
     }
@@ -761,11 +892,11 @@ void sb_oai_resp_add(sb_oai_resp *r, sb_srv_event *ev) {
         if (r->req->kind == SB_OAI_CHAT) {
             if (!c->logprobs)
                 c->logprobs = cJSON_CreateArray();
-            cJSON_AddItemToArray(c->logprobs, chat_logprob(r->srv, ev));
+            cJSON_AddItemToArray(c->logprobs, chat_logprob(sb_reg_lease_model(r->req->lease), ev));
         } else {
             if (!c->logprobs)
                 c->logprobs = completion_logprobs_new();
-            completion_logprob(r->srv, c->logprobs, ev, c->text.len);
+            completion_logprob(sb_reg_lease_model(r->req->lease), c->logprobs, ev, c->text.len);
         }
     }
     sb_srv_buf_append(&c->text, ev->text, ev->text_len);
@@ -793,14 +924,28 @@ static cJSON *usage_json(const sb_oai_resp *r) {
     return u;
 }
 
+/* What routing did, when it did more than serve the model asked for: the
+ * fallback's reason, the route (A/B) the request named. */
+static void add_metadata(const sb_oai_resp *r, cJSON *o) {
+    const char *fb = sb_reg_lease_fallback(r->req->lease), *route = sb_reg_lease_route(r->req->lease);
+    if (!fb && !route)
+        return;
+    cJSON *m = cJSON_AddObjectToObject(o, "metadata");
+    if (fb)
+        cJSON_AddStringToObject(m, "fallback", fb);
+    if (route)
+        cJSON_AddStringToObject(m, "route", route);
+}
+
 /* The fields every chat/completion object and chunk starts with. */
 static cJSON *envelope(const sb_oai_resp *r, const char *object) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", r->id);
     cJSON_AddStringToObject(o, "object", object);
     cJSON_AddNumberToObject(o, "created", (double)r->created);
-    cJSON_AddStringToObject(o, "model", r->srv->id);
+    cJSON_AddStringToObject(o, "model", sb_reg_lease_name(r->req->lease));
     cJSON_AddNullToObject(o, "system_fingerprint");
+    add_metadata(r, o);
     return o;
 }
 
@@ -843,7 +988,8 @@ static cJSON *embeddings_body(const sb_oai_resp *r) {
         cJSON_AddItemToObject(d, "embedding", embedding_json(r->choices[i].embedding, r->choices[i].n_embd, r->req->base64));
         cJSON_AddItemToArray(data, d);
     }
-    cJSON_AddStringToObject(o, "model", r->srv->id);
+    cJSON_AddStringToObject(o, "model", sb_reg_lease_name(r->req->lease));
+    add_metadata(r, o);
     cJSON_AddItemToObject(o, "usage", usage_json(r));
     return o;
 }
@@ -962,11 +1108,11 @@ bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out) 
     if (!ev->done && r->req->logprobs) {
         if (chat) {
             lp = cJSON_CreateObject();
-            cJSON_AddItemToArray(cJSON_AddArrayToObject(lp, "content"), chat_logprob(r->srv, ev));
+            cJSON_AddItemToArray(cJSON_AddArrayToObject(lp, "content"), chat_logprob(sb_reg_lease_model(r->req->lease), ev));
             cJSON_AddNullToObject(lp, "refusal");
         } else {
             lp = completion_logprobs_new();
-            completion_logprob(r->srv, lp, ev, c->text_offset);
+            completion_logprob(sb_reg_lease_model(r->req->lease), lp, ev, c->text_offset);
         }
     }
     c->text_offset += ev->text_len;
@@ -1007,18 +1153,32 @@ bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out) 
 
 /* ---- models -------------------------------------------------------------- */
 
-void sb_oai_models_json(sb_srv *srv, bool list, sb_srv_buf *out) {
+static cJSON *model_json(const sb_srv *srv, const char *id) {
     cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", srv->id);
+    cJSON_AddStringToObject(m, "id", id);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)srv->created);
     cJSON_AddStringToObject(m, "owned_by", "switchboard");
-    if (!list) {
-        put_json(out, m);
-        return;
+    return m;
+}
+
+bool sb_oai_models_json(sb_srv *srv, const char *id, sb_srv_buf *out) {
+    char names[16384];
+    int32_t n = sb_registry_names(srv->reg, names, sizeof names);
+    cJSON *list = id ? NULL : cJSON_CreateObject();
+    cJSON *data = list ? cJSON_AddArrayToObject(list, "data") : NULL;
+    if (list)
+        cJSON_AddStringToObject(list, "object", "list");
+    const char *name = names;
+    for (int32_t i = 0; i < n; i++, name += strlen(name) + 1) {
+        if (data) {
+            cJSON_AddItemToArray(data, model_json(srv, name));
+        } else if (strcmp(name, id) == 0) {
+            put_json(out, model_json(srv, name));
+            return true;
+        }
     }
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), m);
-    put_json(out, o);
+    if (list)
+        put_json(out, list);
+    return list != NULL;
 }

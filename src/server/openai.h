@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "registry/registry.h"
 #include "server/buf.h"
 
 typedef struct sb_srv sb_srv;
@@ -58,6 +59,12 @@ typedef struct sb_oai_req {
     bool logprobs;
     int32_t top_logprobs;
     bool base64;           /* embeddings: encoding_format "base64" */
+    sb_reg_lease *lease;   /* the model that serves it, held until the request is freed */
+    double keep_alive_s;   /* the request's keep_alive, or SB_REG_KEEP_ALIVE_UNCHANGED */
+    struct sb_registry *reg;               /* where library_file came from */
+    const sb_regfile *library_file;        /* held while library points into it */
+    const sb_regfile_prompt *library;      /* the library prompt the request names, or NULL */
+    char *library_text;                    /* it, rendered */
 } sb_oai_req;
 
 /* Parses `len` bytes of body for an endpoint of `kind`. On failure fills e
@@ -107,7 +114,8 @@ bool sb_oai_resp_body(sb_oai_resp *r, sb_srv_buf *out, sb_oai_err *e);
 void sb_oai_resp_start(sb_oai_resp *r, sb_srv_buf *out);
 bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out);
 
-/* Bodies of GET /v1/models and GET /v1/models/{id}. */
-void sb_oai_models_json(sb_srv *srv, bool list, sb_srv_buf *out);
+/* Body of GET /v1/models (id NULL: every name a client may use) or of
+ * GET /v1/models/{id}; false (nothing appended) if no name is id. */
+bool sb_oai_models_json(sb_srv *srv, const char *id, sb_srv_buf *out);
 
 #endif

@@ -1,11 +1,10 @@
 /*
  * server-impl.h - the server object shared by the files of src/server/.
  *
- * Locking: `engine_lock` guards the `engine` pointer, not the engine (which
- * is thread-safe): submit, cancel and stats hold it for reading, and
- * sb_srv_stop takes it for writing to free the engine while no call is in
- * flight. `model` and `chat` are written once by sb_srv_load before `ready`
- * becomes true and stay valid until every connection thread has ended.
+ * `exec` and `reg` are written once by sb_srv_load before `ready` becomes
+ * true and stay valid until every connection thread has ended (sb_srv_stop
+ * stops the daemon before it frees them). Each request holds a registry
+ * lease on the model serving it (sb_oai_req.lease).
  */
 #ifndef SB_SRV_SERVER_IMPL_H
 #define SB_SRV_SERVER_IMPL_H
@@ -16,26 +15,25 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
-#include "model/chat.h"
+#include "engine/executor.h"
+#include "registry/registry.h"
 #include "server/metrics.h"
 #include "server/server.h"
 
 struct MHD_Daemon;
 
+/* Most models one /metrics scrape reports engine figures for. */
+#define SB_SRV_MAX_MODELS 256
+
 struct sb_srv {
     sb_srv_params p;      /* as given (strings borrowed); host defaulted */
-    char *id;             /* the model's public name (owned) */
     struct MHD_Daemon *daemon;
     uint16_t port;
-    int64_t created;      /* unix time the server started: the model object's "created" */
+    int64_t created;      /* unix time the server started: the model objects' "created" */
 
-    atomic_bool ready;    /* model loaded and engine running */
-    sb_model_t *model;
-    sb_chat *chat;
-    int32_t n_embd;
-    sb_executor *exec;    /* the compute the engine runs on; NULL before load */
-    pthread_rwlock_t engine_lock;
-    sb_engine *engine;    /* NULL before load and after stop */
+    atomic_bool ready;    /* registry read and executor running */
+    sb_executor *exec;
+    sb_registry *reg;
 
     sb_srv_metrics metrics;
     atomic_uint_fast64_t counter; /* ids and default seeds */

@@ -26,6 +26,7 @@
 
 #include "base/base.h"
 #include "model/model.h"
+#include "server/admin.h"
 #include "server/gen.h"
 #include "server/openai.h"
 #include "server/server-impl.h"
@@ -131,7 +132,7 @@ static enum MHD_Result respond_error(sb_srv *srv, struct MHD_Connection *conn, h
 static enum MHD_Result respond_not_ready(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
     sb_oai_err e;
     sb_oai_err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "model_loading", NULL,
-                   "the model is not loaded (the server is starting or stopping); retry shortly");
+                   "the server is starting or stopping; retry shortly");
     return respond_error(srv, conn, q, q->route ? q->route->method : "?", url, &e);
 }
 
@@ -145,18 +146,23 @@ static enum MHD_Result handle_health(sb_srv *srv, struct MHD_Connection *conn, h
 }
 
 static enum MHD_Result handle_metrics(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
-    sb_engine_stats stats;
-    bool have = false;
-    pthread_rwlock_rdlock(&srv->engine_lock);
-    if (srv->engine) {
-        sb_engine_get_stats(srv->engine, &stats);
-        have = true;
+    bool ready = atomic_load(&srv->ready);
+    sb_reg_info info[SB_SRV_MAX_MODELS];
+    sb_srv_engine_sample samples[SB_SRV_MAX_MODELS];
+    size_t n = 0;
+    sb_reg_totals totals;
+    if (ready) {
+        int32_t total = SB_MIN(sb_registry_list(srv->reg, info, SB_SRV_MAX_MODELS), SB_SRV_MAX_MODELS);
+        for (int32_t i = 0; i < total; i++)
+            if (info[i].state == SB_REG_LOADED)
+                samples[n++] = (sb_srv_engine_sample){.model = info[i].name, .stats = info[i].engine,
+                                                      .memory = info[i].memory};
+        sb_registry_totals(srv->reg, &totals);
     }
-    pthread_rwlock_unlock(&srv->engine_lock);
     /* Count this scrape before rendering, so the text includes it. */
     sb_srv_metrics_request(&srv->metrics, q->ep, MHD_HTTP_OK);
     sb_srv_buf b = {0};
-    sb_srv_metrics_render(&srv->metrics, have ? &stats : NULL, &b);
+    sb_srv_metrics_render(&srv->metrics, samples, n, ready ? &totals : NULL, &b);
     struct MHD_Response *r = b.failed ? NULL : body_response("text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
     sb_srv_buf_free(&b);
     if (!r)
@@ -172,20 +178,45 @@ static enum MHD_Result handle_models(sb_srv *srv, struct MHD_Connection *conn, h
         return respond_not_ready(srv, conn, q, url);
     sb_srv_buf b = {0};
     const char *id = url + strlen("/v1/models");
-    if (*id == '/') { /* GET /v1/models/{id} */
-        if (strcmp(id + 1, srv->id) != 0) {
-            sb_oai_err e;
-            sb_oai_err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
-                           "The model '%.200s' does not exist; this server serves '%.200s'", id + 1, srv->id);
-            return respond_error(srv, conn, q, "GET", url, &e);
-        }
-        sb_oai_models_json(srv, false, &b);
-    } else {
-        sb_oai_models_json(srv, true, &b);
+    if (!sb_oai_models_json(srv, *id == '/' ? id + 1 : NULL, &b)) { /* GET /v1/models/{id} */
+        char names[400] = "";
+        sb_registry_names(srv->reg, names, sizeof names);
+        sb_oai_err e;
+        sb_oai_err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
+                       "The model '%.200s' does not exist (GET /v1/models lists them)", id + 1);
+        return respond_error(srv, conn, q, "GET", url, &e);
     }
     enum MHD_Result r = respond_json(srv, conn, q, "GET", url, MHD_HTTP_OK, &b);
     sb_srv_buf_free(&b);
     return r;
+}
+
+static enum MHD_Result handle_prompts(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
+    if (!atomic_load(&srv->ready))
+        return respond_not_ready(srv, conn, q, url);
+    sb_srv_buf b = {0};
+    const sb_regfile *rf = sb_registry_file_acquire(srv->reg);
+    sb_srv_admin_prompts_json(rf, &b);
+    sb_registry_file_release(srv->reg, rf);
+    enum MHD_Result r = respond_json(srv, conn, q, "GET", url, MHD_HTTP_OK, &b);
+    sb_srv_buf_free(&b);
+    return r;
+}
+
+/* GET /admin/models, POST /admin/models/{name}/load|unload, POST /admin/reload. */
+static enum MHD_Result handle_admin(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
+    if (!atomic_load(&srv->ready))
+        return respond_not_ready(srv, conn, q, url);
+    sb_srv_buf b = {0};
+    sb_oai_err e;
+    const char *method = q->route->method;
+    if (sb_srv_admin(srv, url, &b, &e)) {
+        enum MHD_Result r = respond_json(srv, conn, q, method, url, MHD_HTTP_OK, &b);
+        sb_srv_buf_free(&b);
+        return r;
+    }
+    sb_srv_buf_free(&b);
+    return respond_error(srv, conn, q, method, url, &e);
 }
 
 /* An engine submission failure as an answer: the queue is full (503 with
@@ -200,6 +231,19 @@ static void submit_error(const sb_error *err, sb_status st, sb_oai_err *e) {
         sb_oai_err_set(e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "model_loading", NULL, "%s", err->msg);
     else
         sb_oai_err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, NULL, "%s", err->msg);
+}
+
+/* Says which model served, and why when it is a fallback: the body's
+ * "model" and "metadata" say the same, these reach clients that only look
+ * at headers (proxies, logs). */
+static struct MHD_Response *with_model_headers(struct MHD_Response *r, const sb_reg_lease *lease) {
+    if (!r)
+        return NULL;
+    MHD_add_response_header(r, "x-switchboard-model", sb_reg_lease_name(lease));
+    const char *fb = sb_reg_lease_fallback(lease);
+    if (fb)
+        MHD_add_response_header(r, "x-switchboard-fallback", fb);
+    return r;
 }
 
 static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
@@ -222,8 +266,10 @@ static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn,
         submit_error(&err, st, &e);
         return respond_error(srv, conn, q, "POST", url, &e);
     }
-    if (req.stream)
-        return respond(srv, conn, q, "POST", url, MHD_HTTP_OK, sb_srv_sse_response(srv, &req, gen));
+    if (req.stream) { /* the stream takes req over, and with it the lease, which lives as long as the response */
+        const sb_reg_lease *lease = req.lease;
+        return respond(srv, conn, q, "POST", url, MHD_HTTP_OK, with_model_headers(sb_srv_sse_response(srv, &req, gen), lease));
+    }
 
     sb_oai_resp resp;
     enum MHD_Result result = MHD_NO;
@@ -247,7 +293,9 @@ static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn,
     }
     sb_srv_buf body = {0};
     if (sb_oai_resp_body(&resp, &body, &e))
-        result = respond_json(srv, conn, q, "POST", url, MHD_HTTP_OK, &body);
+        result = body.failed ? MHD_NO
+                             : respond(srv, conn, q, "POST", url, MHD_HTTP_OK,
+                                       with_model_headers(body_response("application/json", body.p, body.len), req.lease));
     else
         result = respond_error(srv, conn, q, "POST", url, &e);
     sb_srv_buf_free(&body);
@@ -264,6 +312,10 @@ static const route routes[] = {
     {"/v1/embeddings", "POST", SB_SRV_EP_EMBEDDINGS, handle_generate},
     {"/v1/models", "GET", SB_SRV_EP_MODELS, handle_models},
     {"/v1/models/", "GET", SB_SRV_EP_MODELS, handle_models},
+    {"/v1/prompts", "GET", SB_SRV_EP_PROMPTS, handle_prompts},
+    {"/admin/models", "GET", SB_SRV_EP_ADMIN, handle_admin},
+    {"/admin/models/", "POST", SB_SRV_EP_ADMIN, handle_admin},
+    {"/admin/reload", "POST", SB_SRV_EP_ADMIN, handle_admin},
     {"/health", "GET", SB_SRV_EP_HEALTH, handle_health},
     {"/metrics", "GET", SB_SRV_EP_METRICS, handle_metrics},
 };
@@ -376,43 +428,28 @@ sb_srv_params sb_srv_default_params(void) {
         .host = "127.0.0.1",
         .port = 8080,
         .engine = sb_engine_default_params(),
+        .keep_alive_ms = 5 * 60 * 1000, /* Ollama's default */
+        .watch = true,
         .max_body = (size_t)8 << 20,
         .timeout_s = 30,
     };
 }
 
-/* The file name without directories and without a .gguf suffix. */
-static char *model_id_from_path(const char *path) {
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    size_t n = strlen(base);
-    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0)
-        n -= 5;
-    return sb_strndup(base, n);
-}
-
 sb_status sb_srv_start(const sb_srv_params *params, sb_srv **out, sb_error *err) {
     *out = NULL;
-    if (!params->model_path)
-        return sb_fail(err, SB_ERR_INVALID_ARG, "server: no model file given");
+    if (!params->models)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "server: no model or registry given");
     sb_srv *srv = sb_calloc(1, sizeof *srv);
     if (!srv)
         return sb_fail(err, SB_ERR_NOMEM, "server: out of memory");
     srv->p = *params;
     if (!srv->p.host)
         srv->p.host = "127.0.0.1";
-    srv->id = params->model_id ? sb_strndup(params->model_id, strlen(params->model_id))
-                               : model_id_from_path(params->model_path);
     srv->created = (int64_t)time(NULL);
     srv->salt = splitmix64((uint64_t)srv->created ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)srv);
     atomic_init(&srv->counter, 0);
     atomic_init(&srv->ready, false);
     sb_srv_metrics_init(&srv->metrics);
-    pthread_rwlock_init(&srv->engine_lock, NULL);
-    if (!srv->id) {
-        sb_srv_stop(srv);
-        return sb_fail(err, SB_ERR_NOMEM, "server: out of memory");
-    }
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
     char port[8];
@@ -451,53 +488,48 @@ sb_status sb_srv_start(const sb_srv_params *params, sb_srv **out, sb_error *err)
 uint16_t sb_srv_port(const sb_srv *srv) { return srv->port; }
 
 sb_status sb_srv_load(sb_srv *srv, sb_error *err) {
-    sb_model_t *model = NULL;
-    sb_chat *chat = NULL;
-    sb_engine *engine = NULL;
-    sb_executor *exec = NULL;
-    sb_executor_params xp = {.n_threads = srv->p.n_threads};
-    sb_status st = sb_model_load(srv->p.model_path, &model, err);
-    if (st == SB_OK)
-        st = sb_chat_create(model, &chat, err);
-    if (st == SB_OK)
-        st = sb_executor_create(&xp, &exec, err);
-    if (st == SB_OK)
-        st = sb_engine_create(model, &srv->p.engine, exec, &engine, err);
-    if (st != SB_OK) {
-        sb_executor_free(exec);
-        sb_chat_free(chat);
-        sb_model_free(model);
+    sb_executor_params xp = sb_executor_default_params();
+    xp.n_threads = srv->p.n_threads;
+    sb_status st = sb_executor_create(&xp, &srv->exec, err);
+    if (st != SB_OK)
+        return st;
+    sb_registry_params rp = sb_registry_default_params();
+    rp.source = srv->p.models;
+    rp.model_id = srv->p.model_id;
+    rp.memory_budget = srv->p.memory_budget;
+    rp.keep_alive_ms = srv->p.keep_alive_ms;
+    rp.engine = srv->p.engine;
+    rp.exec = srv->exec;
+    rp.watch = srv->p.watch;
+    rp.log = srv->p.log;
+    rp.log_user = srv->p.log_user;
+    if ((st = sb_registry_open(&rp, &srv->reg, err)) != SB_OK) {
+        sb_executor_free(srv->exec);
+        srv->exec = NULL;
         return st;
     }
-    srv->exec = exec;
-    srv->model = model;
-    srv->chat = chat;
-    srv->n_embd = model->hp.n_embd;
-    pthread_rwlock_wrlock(&srv->engine_lock);
-    srv->engine = engine;
-    pthread_rwlock_unlock(&srv->engine_lock);
     atomic_store(&srv->ready, true);
-    sb__srv_log(srv, "serving '%s' (prompts: %s)", srv->id, sb_chat_describe(chat));
     return SB_OK;
+}
+
+sb_status sb_srv_reload(sb_srv *srv, sb_error *err) {
+    if (!atomic_load(&srv->ready))
+        return sb_fail(err, SB_ERR_BUSY, "the server is not ready");
+    return sb_registry_reload(srv->reg, err);
 }
 
 void sb_srv_stop(sb_srv *srv) {
     if (!srv)
         return;
     atomic_store(&srv->ready, false);
-    pthread_rwlock_wrlock(&srv->engine_lock);
-    sb_engine *engine = srv->engine;
-    srv->engine = NULL;
-    pthread_rwlock_unlock(&srv->engine_lock);
-    /* Cancels what runs: waiting connection threads get their DONE events and finish. */
-    sb_engine_free(engine);
-    sb_executor_free(srv->exec);
+    /* Requests end first (waiting connection threads get their DONE events
+     * and finish), then the connections, whose requests hold leases. */
+    if (srv->reg)
+        sb_registry_cancel_all(srv->reg);
     if (srv->daemon)
         MHD_stop_daemon(srv->daemon);
-    sb_chat_free(srv->chat);
-    sb_model_free(srv->model);
-    pthread_rwlock_destroy(&srv->engine_lock);
+    sb_registry_free(srv->reg);
+    sb_executor_free(srv->exec);
     sb_srv_metrics_destroy(&srv->metrics);
-    sb_free(srv->id);
     sb_free(srv);
 }

@@ -1,13 +1,15 @@
 /*
- * server.h - switchboard's OpenAI-compatible HTTP server: one model behind
- * /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, plus
+ * server.h - switchboard's OpenAI-compatible HTTP server: the registry's
+ * models (src/registry/) behind /v1/chat/completions, /v1/completions,
+ * /v1/embeddings, /v1/models and /v1/prompts, the administration routes
+ * /admin/models, /admin/models/{name}/load|unload and /admin/reload, plus
  * /health and /metrics, on libmicrohttpd with a thread per connection.
  *
  * Lifecycle: sb_srv_start binds the socket and answers at once (503 while
- * loading); sb_srv_load loads the model and starts the engine, after which
- * the endpoints serve; sb_srv_stop cancels whatever runs, closes every
- * connection and frees everything. One sb_srv per process is the intended
- * use, but nothing is global: the state is this object.
+ * starting); sb_srv_load reads the registry and starts the executor, after
+ * which the endpoints serve (models load on demand); sb_srv_stop cancels
+ * whatever runs, closes every connection and frees everything. One sb_srv
+ * per process is the intended use, but nothing is global.
  */
 #ifndef SB_SRV_SERVER_H
 #define SB_SRV_SERVER_H
@@ -21,12 +23,15 @@
 typedef struct sb_srv sb_srv;
 
 typedef struct sb_srv_params {
-    const char *model_path; /* GGUF file (borrowed until sb_srv_load returns) */
-    const char *model_id;   /* the "model" clients name; NULL: the file name without .gguf */
+    const char *models;     /* registry: models.json, a directory of .gguf files or one .gguf file (copied) */
+    const char *model_id;   /* one .gguf file: the "model" clients name; NULL: the file name without .gguf */
+    size_t memory_budget;   /* bytes all loaded models may take; 0: the registry's default */
+    int64_t keep_alive_ms;  /* idle models unload after this (-1 never); entries may override */
+    bool watch;             /* reload the registry when its files change */
+    int32_t n_threads;      /* compute threads shared by every model; 0: one per online core */
     const char *host;       /* numeric address or name to bind; NULL: 127.0.0.1 */
     uint16_t port;          /* 0: any free port (see sb_srv_port) */
     sb_engine_params engine;
-    int32_t n_threads;      /* compute threads in all; 0: one per online core */
     size_t max_body;        /* largest request body in bytes; larger ones get 413 */
     uint32_t timeout_s;     /* idle connection timeout: slow or stalled clients are dropped */
     /* Receives one line per request and per notable event (no newline);
@@ -41,9 +46,11 @@ sb_srv_params sb_srv_default_params(void);
 sb_status sb_srv_start(const sb_srv_params *params, sb_srv **out, sb_error *err);
 /* The port actually bound. */
 uint16_t sb_srv_port(const sb_srv *srv);
-/* Loads the model and its chat template and starts the engine; from then on
- * the endpoints serve. On failure the server keeps answering 503. */
+/* Reads the registry and starts the executor (and loads pinned models);
+ * from then on the endpoints serve. On failure the server keeps answering 503. */
 sb_status sb_srv_load(sb_srv *srv, sb_error *err);
+/* Re-reads the registry (SIGHUP, POST /admin/reload); a bad file changes nothing. */
+sb_status sb_srv_reload(sb_srv *srv, sb_error *err);
 /* Cancels running requests, closes connections, frees everything. NULL is a no-op. */
 void sb_srv_stop(sb_srv *srv);
 

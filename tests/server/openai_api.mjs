@@ -233,7 +233,7 @@ test('errors: 400 bad JSON, unsupported field, wrong type; 404; 405; 413', async
   assert.ok(m['switchboard_requests_total{endpoint="other",status="404"}'] >= 1);
   assert.ok(m['switchboard_requests_total{endpoint="/v1/chat/completions",status="404"}'] >= 1);
   for (const k of ['switchboard_prompt_tokens_total', 'switchboard_generation_tokens_total', 'switchboard_prompt_tokens_cached_total',
-    'switchboard_queue_length', 'switchboard_running_sequences', 'switchboard_kv_cache_blocks_used', 'switchboard_kv_cache_blocks_total',
+    'switchboard_queue_length', 'switchboard_running_sequences', 'switchboard_kv_cache_blocks_used', 'switchboard_kv_cache_blocks',
     'process_resident_memory_bytes', 'switchboard_time_to_first_token_seconds_count', 'switchboard_inter_token_latency_seconds_count'])
     assert.ok(k in m, `metric ${k}`);
   assert.ok(m.switchboard_generation_tokens_total > 0 && m.process_resident_memory_bytes > 0);

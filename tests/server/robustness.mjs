@@ -20,7 +20,7 @@ async function idle(limitMs) {
   const deadline = Date.now() + limitMs;
   for (;;) {
     const m = await metrics(srv.url);
-    if (m.switchboard_running_sequences === 0 && m.switchboard_queue_length === 0) return true;
+    if ((m.switchboard_running_sequences ?? 0) === 0 && (m.switchboard_queue_length ?? 0) === 0) return true; // no series: no model loaded
     if (Date.now() > deadline) return false;
     await sleep(25);
   }
@@ -28,7 +28,7 @@ async function idle(limitMs) {
 
 // Engine-side tokens generated since `since` (a metrics snapshot).
 const generatedSince = async (since) =>
-  (await metrics(srv.url)).switchboard_engine_generated_tokens_total - since.switchboard_engine_generated_tokens_total;
+  (await metrics(srv.url)).switchboard_engine_generated_tokens_total - (since.switchboard_engine_generated_tokens_total ?? 0);
 
 test('clients that go away get their generations cancelled', async () => {
   const long = { model: MODEL_ID, prompt: 'Once upon a time', max_tokens: 3000, temperature: 0.8, stream: true };

@@ -100,14 +100,22 @@ export async function readSSE(response) {
   return { chunks, done };
 }
 
-// Prometheus text -> { 'name{labels}': value }.
+// Prometheus text -> { 'name{labels}': value }. Series labelled with the
+// serving model also count, summed over models, under their name without
+// that label ('x{model="a",le="1"}' adds to 'x{le="1"}', 'x{model="a"}' to 'x').
 export async function metrics(url) {
   const text = await (await fetch(`${url}/metrics`)).text();
   const out = {};
   for (const line of text.split('\n')) {
     if (!line || line.startsWith('#')) continue;
     const sp = line.lastIndexOf(' ');
-    out[line.slice(0, sp)] = Number(line.slice(sp + 1));
+    const key = line.slice(0, sp), v = Number(line.slice(sp + 1));
+    out[key] = v;
+    const m = /^([^{]+)\{model="(?:[^"\\]|\\.)*",?(.*)\}$/.exec(key);
+    if (m) {
+      const total = m[2] ? `${m[1]}{${m[2]}}` : m[1];
+      out[total] = (out[total] ?? 0) + v;
+    }
   }
   return out;
 }
