@@ -57,6 +57,7 @@ typedef struct inst {
     bool retired;       /* no new leases; freed when refs reaches 0 */
     int32_t refs;       /* leases */
     size_t est, mem;    /* estimated before load, measured after */
+    size_t mem_model;   /* of mem, the weights' */
     int32_t n_ctx;
     double last_used;   /* unix time */
     int64_t keep_alive_ms;
@@ -240,19 +241,22 @@ static size_t estimate_cost(const sb_registry *reg, const sb_regfile_model *cfg)
         return (size_t)cfg->file.size; /* the load will fail and say why */
     size_t cost = (size_t)g->size;
     sb_gguf_str arch;
-    uint32_t n_layer = 0, n_embd = 0, n_head = 1, n_head_kv = 0, n_ctx_train = 0, key_len = 0;
+    uint32_t n_layer = 0, n_embd = 0, n_head = 1, n_head_kv = 0, n_ctx_train = 0, key_len = 0, n_ff = 0;
     if (sb_gguf_get_str(g, "general.architecture", &arch, NULL) == SB_OK && arch.len < 64) {
         char key[128], a[64];
         memcpy(a, arch.ptr, (size_t)arch.len);
         a[arch.len] = '\0';
         struct { const char *suffix; uint32_t *v; } dims[] = {
             {"block_count", &n_layer}, {"embedding_length", &n_embd}, {"attention.head_count", &n_head},
-            {"attention.head_count_kv", &n_head_kv}, {"context_length", &n_ctx_train}, {"attention.key_length", &key_len}};
+            {"attention.head_count_kv", &n_head_kv}, {"context_length", &n_ctx_train}, {"attention.key_length", &key_len},
+            {"feed_forward_length", &n_ff}};
         for (size_t i = 0; i < SB_ARRAY_LEN(dims); i++) {
             snprintf(key, sizeof key, "%s.%s", a, dims[i].suffix);
             sb_gguf_get_u32_or(g, key, *dims[i].v, dims[i].v, NULL);
         }
     }
+    const sb_gguf_kv *tokens = sb_gguf_find(g, "tokenizer.ggml.tokens");
+    uint64_t n_vocab = tokens && tokens->type == SB_GGUF_ARRAY ? tokens->arr_n : 0;
     sb_gguf_close(g);
     if (n_head == 0)
         n_head = 1;
@@ -261,7 +265,9 @@ static size_t estimate_cost(const sb_registry *reg, const sb_regfile_model *cfg)
     uint64_t head_dim = key_len ? key_len : n_embd / n_head;
     sb_engine_params ep = engine_params(reg, cfg, entry_n_ctx(reg, cfg, (int32_t)n_ctx_train));
     uint64_t kv = 2ull * n_layer * (uint64_t)ep.n_ctx * n_head_kv * head_dim * cache_elem_bytes(ep.cache_type);
-    return cost + (size_t)kv;
+    /* The forward pass's activations for a full batch, and its logits. */
+    uint64_t scratch = (uint64_t)ep.max_batch_tokens * 4 * (6ull * n_embd + 3ull * n_ff + n_vocab);
+    return cost + (size_t)kv + (size_t)scratch;
 }
 
 static sb_status read_text_file(const char *path, char **out, size_t *len, sb_error *err) {
@@ -319,8 +325,10 @@ static sb_status inst_build(sb_registry *reg, inst *i, sb_error *err) {
         sb_engine_params ep = engine_params(reg, cfg, i->n_ctx);
         st = sb_engine_create(i->model, &ep, reg->p.exec, &i->engine, err);
     }
-    if (st == SB_OK)
-        i->mem = sb_model_memory(i->model) + sb_engine_memory(i->engine);
+    if (st == SB_OK) {
+        i->mem_model = sb_model_memory(i->model);
+        i->mem = i->mem_model + sb_engine_memory(i->engine);
+    }
     return st;
 }
 
@@ -385,40 +393,41 @@ static inst *lru_idle(sb_registry *reg) {
 
 /* Frees memory until `need` more bytes fit the budget: retired instances
  * that drained, then idle ones, least recently used first; waits for
- * retired instances still in use when they would make room. With mu held
+ * retired instances still in use when they would make room. Evicts nothing
+ * when even evicting everything idle would not make room. With mu held
  * (dropped while freeing or waiting). */
 static sb_status make_room(sb_registry *reg, const char *name, size_t need, sb_error *err) {
     for (;;) {
         reap(reg);
         if (reg->used + need <= reg->budget)
             return SB_OK;
-        inst *victim = lru_idle(reg);
-        if (victim) {
-            reg_log(reg, "evicting '%s' (idle since %.1fs) to make room for '%s'", victim->cfg->name,
-                    unix_now() - victim->last_used, name);
-            reg->totals.evictions++;
-            inst_retire(reg, victim);
-            continue;
-        }
-        size_t draining = 0, busy = 0, pinned = 0;
+        size_t idle = 0, draining = 0, pinned = 0;
         for (inst *i = reg->insts; i; i = i->next) {
+            size_t cost = i->state == SB_REG_LOADED ? i->mem : i->est;
             if (i->retired)
-                draining += i->state == SB_REG_LOADED ? i->mem : i->est;
+                draining += cost;
             else if (i->state == SB_REG_LOADED && i->cfg->pinned)
-                pinned += i->mem;
-            else
-                busy += i->state == SB_REG_LOADED ? i->mem : i->est;
+                pinned += cost;
+            else if (i->state == SB_REG_LOADED && i->refs == 0)
+                idle += cost;
         }
-        if (draining > 0 && reg->used - draining + need <= reg->budget) {
+        if (reg->used - idle - draining + need > reg->budget) {
+            char a[32], b[32], c[32], d[32], e[32];
+            return sb_fail(err, SB_ERR_OVER_BUDGET,
+                           "model '%s' needs about %s but the memory budget is %s: %s in use, of which %s pinned "
+                           "and %s serving requests or loading, which cannot be evicted",
+                           name, mib(need, a, sizeof a), mib(reg->budget, b, sizeof b), mib(reg->used, c, sizeof c),
+                           mib(pinned, d, sizeof d), mib(reg->used - idle - draining - pinned, e, sizeof e));
+        }
+        inst *victim = lru_idle(reg);
+        if (!victim) {
             pthread_cond_wait(&reg->cv, &reg->mu); /* a retired instance's last request will end */
             continue;
         }
-        char a[32], b[32], c[32], d[32], e[32];
-        return sb_fail(err, SB_ERR_OVER_BUDGET,
-                       "model '%s' needs about %s but the memory budget is %s: %s in use (pinned %s, serving "
-                       "requests or loading %s) and nothing idle to evict",
-                       name, mib(need, a, sizeof a), mib(reg->budget, b, sizeof b), mib(reg->used, c, sizeof c),
-                       mib(pinned, d, sizeof d), mib(busy, e, sizeof e));
+        reg_log(reg, "evicting '%s' (idle for %.1fs) to make room for '%s'", victim->cfg->name,
+                unix_now() - victim->last_used, name);
+        reg->totals.evictions++;
+        inst_retire(reg, victim);
     }
 }
 
@@ -491,6 +500,16 @@ static sb_status load_entry(sb_registry *reg, entry *e, sb_error *err) {
         return st;
     }
     reg->used += i->mem;
+    if (reg->used > reg->budget && (st = make_room(reg, i->cfg->name, 0, err)) != SB_OK) {
+        /* Measured, it costs more than estimated, and nothing idle makes up for it. */
+        reg->used -= i->mem;
+        reg->totals.load_failures++;
+        if (i->entry)
+            inst_retire(reg, i);
+        inst_discard(reg, i);
+        pthread_cond_broadcast(&reg->cv);
+        return st;
+    }
     i->state = SB_REG_LOADED;
     i->last_used = unix_now();
     reg->totals.loads++;
@@ -504,10 +523,10 @@ static sb_status load_entry(sb_registry *reg, entry *e, sb_error *err) {
         owner->failed = false;
         owner->error[0] = '\0';
     }
-    char a[32], b[32];
-    reg_log(reg, "loaded '%s' version %llu in %.0f ms: %s (estimated %s), %d positions", i->cfg->name,
+    char a[32], b[32], c[32];
+    reg_log(reg, "loaded '%s' version %llu in %.0f ms: %s (weights %s; estimated %s), %d positions", i->cfg->name,
             (unsigned long long)i->version, (unix_now() - t0) * 1e3, mib(i->mem, a, sizeof a),
-            mib(i->est, b, sizeof b), (int)i->n_ctx);
+            mib(i->mem_model, c, sizeof c), mib(i->est, b, sizeof b), (int)i->n_ctx);
     if (!owner)
         inst_retire(reg, i); /* reaped: nobody can reach it */
     pthread_cond_broadcast(&reg->cv);
@@ -1020,7 +1039,7 @@ int32_t sb_registry_list(sb_registry *reg, sb_reg_info *out, int32_t cap) {
         snprintf(o->name, sizeof o->name, "%s", e->cfg->name);
         snprintf(o->path, sizeof o->path, "%s", e->cfg->path);
         o->state = i ? i->state : e->failed ? SB_REG_FAILED : SB_REG_UNLOADED;
-        o->version = e->version;
+        o->version = i && i->state == SB_REG_LOADED ? i->version : e->version; /* what serves now */
         o->pinned = e->cfg->pinned;
         o->last_used = e->last_used;
         int64_t ka = e->cfg->has_keep_alive ? e->cfg->keep_alive_ms : reg->p.keep_alive_ms;

@@ -128,7 +128,8 @@ typedef struct sb_reg_info {
     char name[128];
     char path[512];
     sb_reg_state state;
-    uint64_t version;      /* bumped whenever the entry or its file changes */
+    uint64_t version;      /* of the instance serving (a new one may be loading); bumped
+                              whenever the entry or its file changes */
     size_t memory;         /* bytes, measured (0 when unloaded) */
     int32_t running, waiting;
     sb_engine_stats engine; /* loaded: its engine's figures */

@@ -74,7 +74,8 @@ static bool fail(sb_oai_err *e, sb_status st, const sb_error *err) {
         sb_oai_err_set(e, 404, "invalid_request_error", "model_not_found", "model", "%s", err->msg);
     else if (st == SB_ERR_OVER_BUDGET)
         sb_oai_err_set(e, 507, "server_error", "insufficient_storage", "model", "%s", err->msg);
-    else if (st == SB_ERR_FORMAT || st == SB_ERR_NOT_FOUND || st == SB_ERR_IO)
+    else if (st == SB_ERR_FORMAT || st == SB_ERR_NOT_FOUND || st == SB_ERR_IO || st == SB_ERR_UNSUPPORTED ||
+             st == SB_ERR_INVALID_ARG)
         sb_oai_err_set(e, 400, "invalid_request_error", "invalid_registry", NULL, "%s", err->msg);
     else
         sb_oai_err_set(e, 500, "server_error", NULL, NULL, "%s", err->msg);

@@ -2,7 +2,7 @@
 // free port (--port 0; the server prints the port it got), waits until
 // /health says ok, and stops it at the end, failing if it did not exit
 // cleanly (under ASan a leak or error makes the exit status non-zero).
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import net from 'node:net';
@@ -14,8 +14,10 @@ export const SHARED = process.env.SB_SHARED_DIR || path.resolve(root, '../shared
 export const MODEL = path.join(SHARED, 'models/stories260K.gguf');
 export const MODEL_ID = 'stories260K';
 
-export async function startServer(args = [], { model = MODEL, timeoutMs = 60000 } = {}) {
-  const proc = spawn(BIN, ['serve', '-m', model, '--port', '0', '--quiet', ...args], {
+// `registry`: serve that models.json or directory (--models) instead of one model.
+export async function startServer(args = [], { model = MODEL, registry = null, timeoutMs = 60000 } = {}) {
+  const source = registry ? ['--models', registry] : ['-m', model];
+  const proc = spawn(BIN, ['serve', ...source, '--port', '0', '--quiet', ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let stderr = '';
@@ -62,6 +64,15 @@ export async function startServer(args = [], { model = MODEL, timeoutMs = 60000 
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// Writes a generated model (switchboard gen-model; small by default) to `out`.
+export function genModel(out, { seed = 1, dim = 64, hidden = 128, layers = 2, heads = 4, kvHeads = heads, vocab = 512, ctx = 256, type = 'q8_0' } = {}) {
+  const r = spawnSync(BIN, ['gen-model', '--out', out, '--type', type, '--dim', String(dim), '--hidden', String(hidden),
+    '--layers', String(layers), '--heads', String(heads), '--kv-heads', String(kvHeads), '--vocab', String(vocab), '--ctx', String(ctx), '--seed', String(seed)],
+  { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`gen-model failed: ${r.stderr}`);
+  return out;
+}
 
 export async function postJSON(url, body, init = {}) {
   const r = await fetch(url, {
