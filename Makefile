@@ -1,6 +1,8 @@
 # Thin wrapper over CMake: the commands a newcomer types.
-#   make serve  - install dependencies, build, generate the demo model and serve it with the
-#                 OpenAI-compatible API on http://127.0.0.1:8080 (MODEL=path.gguf for a real one)
+#   make serve  - install dependencies, build, generate the demo model and serve the demo registry
+#                 (models/demo.json: stories260K in two formats and the generated demo model) with
+#                 the OpenAI-compatible API on http://127.0.0.1:8080 (MODEL=path.gguf for one model,
+#                 REGISTRY=models.json or a directory of .gguf files for your own)
 #   make run    - install dependencies, build, generate the demo model, generate text
 #   make test   - build and run the whole suite, then the unit tests under ASan+UBSan
 
@@ -9,7 +11,8 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 DEMO_MODEL ?= demo/demo-q8_0.gguf
 PROMPT ?= Once upon a time
-MODEL ?= $(DEMO_MODEL)
+MODEL ?=
+REGISTRY ?= models/demo.json
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
@@ -39,10 +42,10 @@ $(DEMO_MODEL): | build
 demo: build $(DEMO_MODEL)
 
 run: demo
-	$(BUILD)/switchboard run -m $(DEMO_MODEL) -p "$(PROMPT)" -n 64 --temp 0.8 --seed 1
+	$(BUILD)/switchboard run -m $(if $(MODEL),$(MODEL),$(DEMO_MODEL)) -p "$(PROMPT)" -n 64 --temp 0.8 --seed 1
 
 serve: demo
-	$(BUILD)/switchboard serve -m $(MODEL) --host $(HOST) --port $(PORT)
+	$(BUILD)/switchboard serve $(if $(MODEL),-m $(MODEL),--models $(REGISTRY)) --host $(HOST) --port $(PORT)
 
 test: test-deps build asan
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
