@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(build-essential cmake pkg-config libcmocka-dev libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev)
+# Test tools: promtool (in Debian's prometheus package) lints the /metrics exposition.
+[ "${1:-}" = "--no-npm" ] || pkgs+=(prometheus)
 [ "${1:-}" = "--no-npm" ] || command -v npm >/dev/null || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do

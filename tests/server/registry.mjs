@@ -6,6 +6,7 @@
 // context a model was trained for.
 import test, { after, before } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -204,6 +205,11 @@ test('A/B route: 1,000 requests split 80/20 within tolerance, sticky per user, c
     assert.equal(served('arm-a') + served('arm-b'), n + 100);
     assert.equal(served('arm-a'), armA);
     assert.equal(m['switchboard_generations_total{model="story-ab"}'], undefined, 'metrics name the route, not the model');
+    // The exposition passes Prometheus's own linter (tools/install-deps.sh installs it).
+    const text = await (await fetch(`${srv.url}/metrics`)).text();
+    const lint = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
+    assert.equal(lint.error, undefined, `promtool: ${lint.error}`);
+    assert.equal(lint.status, 0, `promtool check metrics: ${lint.stdout}${lint.stderr}`);
   } finally {
     await srv.stop();
   }
@@ -259,6 +265,43 @@ test("a model's context defaults to the one it was trained for", async () => {
     const u = r.json.usage;
     assert.equal(u.prompt_tokens + u.completion_tokens, 128, `not stopped at the trained context: ${JSON.stringify(u)}`);
     assert.equal(r.json.choices[0].finish_reason, 'length');
+  } finally {
+    await srv.stop();
+  }
+});
+
+test('keep_alive per request, a directory registry that follows its files, library prompts', async () => {
+  const models = path.join(dir, 'dir-models');
+  fs.mkdirSync(models);
+  genModel(path.join(models, 'one.gguf'), { seed: 11 });
+  const srv = await startServer([], { registry: models });
+  try {
+    const ids = async () => (await (await fetch(`${srv.url}/v1/models`)).json()).data.map((x) => x.id).sort();
+    assert.deepEqual(await ids(), ['one']);
+    // keep_alive 0: unloaded as soon as the request ends (the janitor's tick: a quarter second).
+    assert.equal((await complete(srv.url, 'one', { keep_alive: 0 })).status, 200);
+    await sleep(600);
+    assert.equal((await state(srv.url)).one, 'unloaded');
+    // A file that appears is a model; one that goes is gone (inotify).
+    genModel(path.join(models, 'two.gguf'), { seed: 12 });
+    const deadline = Date.now() + 10000;
+    while ((await ids()).length < 2 && Date.now() < deadline) await sleep(50);
+    assert.deepEqual(await ids(), ['one', 'two']);
+    fs.rmSync(path.join(models, 'one.gguf'));
+    while ((await ids()).length > 1 && Date.now() < deadline + 10000) await sleep(50);
+    assert.deepEqual(await ids(), ['two']);
+    // A built-in prompt of the library, rendered and sent as the user's message.
+    const prompts = (await (await fetch(`${srv.url}/v1/prompts`)).json()).data;
+    const story = prompts.find((p) => p.id === 'story');
+    assert.ok(story && story.builtin, JSON.stringify(prompts.map((p) => p.id)));
+    const r = await postJSON(`${srv.url}/v1/chat/completions`, { model: 'two', prompt: { id: 'story', variables: { topic: 'a cat' } }, max_tokens: 4 });
+    assert.equal(r.status, 200, r.text);
+    const unknown = await postJSON(`${srv.url}/v1/chat/completions`, { model: 'two', prompt: { id: 'nope' }, max_tokens: 4 });
+    assert.equal(unknown.status, 404);
+    assert.match(unknown.json.error.message, /story/); // lists the ids there are
+    const badVar = await postJSON(`${srv.url}/v1/chat/completions`, { model: 'two', prompt: { id: 'story', variables: { topicc: 'x' } }, max_tokens: 4 });
+    assert.equal(badVar.status, 400);
+    assert.match(badVar.json.error.message, /topicc/);
   } finally {
     await srv.stop();
   }
