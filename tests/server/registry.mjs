@@ -50,9 +50,13 @@ test('three models under a budget that fits two: LRU eviction, pinned stays, 507
   srv = await startServer(['--memory-budget', String(budget)], { registry: reg });
   try {
     const base = await rss(srv.url);
+    // Concurrent requests for a model that is not loaded wait for one load.
+    const burst = await Promise.all(Array.from({ length: 8 }, () => complete(srv.url, 'c')));
+    assert.deepEqual(burst.map((r) => r.status), Array(8).fill(200));
+    assert.equal((await metrics(srv.url)).switchboard_model_loads_total, 1, 'one load for eight requests');
     let peak = base;
     const order = ['a', 'b', 'a', 'c', 'b', 'a', 'c', 'c', 'b', 'a', 'b', 'c'];
-    const loaded = []; // our own LRU model of what should be loaded, most recent last
+    const loaded = ['c']; // our own LRU model of what should be loaded, most recent last
     for (const m of order) {
       const r = await complete(srv.url, m);
       assert.equal(r.status, 200, r.text);
@@ -216,7 +220,9 @@ test('A/B route: 1,000 requests split 80/20 within tolerance, sticky per user, c
 });
 
 test('fallback for unknown models, 404 listing names without one; bad registry files change nothing', async () => {
-  const good = { fallback: 'main', models: [{ name: 'main', path: MODEL, device: 'cpu', aliases: ['m'] }] };
+  fs.writeFileSync(path.join(dir, 'broken.gguf'), 'GGUF but not really a model file');
+  const good = { fallback: 'main', models: [{ name: 'main', path: MODEL, device: 'cpu', aliases: ['m'] },
+    { name: 'broken', path: 'broken.gguf', device: 'cpu' }] };
   const reg = writeRegistry('models.json', good);
   const srv = await startServer(['--no-watch'], { registry: reg });
   try {
@@ -227,7 +233,15 @@ test('fallback for unknown models, 404 listing names without one; bad registry f
     assert.match(fb.headers.get('x-switchboard-fallback'), /unknown model/);
     assert.equal((await complete(srv.url, 'm')).json.model, 'main', 'an alias serves its model');
     const names = (await (await fetch(`${srv.url}/v1/models`)).json()).data.map((x) => x.id);
-    assert.deepEqual(names.sort(), ['m', 'main']);
+    assert.deepEqual(names.sort(), ['broken', 'm', 'main']);
+    // A model that fails to load falls back too, and /admin/models keeps its error.
+    const br = await complete(srv.url, 'broken');
+    assert.equal(br.status, 200, br.text);
+    assert.equal(br.json.model, 'main');
+    assert.match(br.json.metadata.fallback, /model 'broken' failed to load: .*broken\.gguf/);
+    const info = (await adminModels(srv.url)).data.find((x) => x.name === 'broken');
+    assert.equal(info.state, 'failed');
+    assert.match(info.error, /broken\.gguf/);
 
     const bad = [
       ['{"models": [{"name": "x", "path": "a.gguf",, "device": "cpu"}]}', /models\.json:1:\d+/],
