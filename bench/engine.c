@@ -1,8 +1,10 @@
 /*
  * engine.c - the scheduler's throughput without the HTTP server: N requests
- * submitted at once to one engine, aggregate generated tokens per second.
+ * submitted at once to one engine (or to each of two engines on one
+ * executor), aggregate generated tokens per second.
  *
- *   bench_engine -m MODEL [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]
+ *   bench_engine -m MODEL [-m MODEL2] [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]
+ *                [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N]
  *
  * For every stream count S: S requests (prompts of 4..15 pseudo-random ids
  * after BOS, so the prompts differ as the server benchmark's do), each
@@ -14,6 +16,14 @@
  * runs per S and its ratio to the S = 1 median. bench/serve-load.mjs
  * measures the same through HTTP; the gap between the two is the server's
  * cost.
+ *
+ * With two models, both engines share one executor of THREADS threads, and
+ * each S runs as pairs: S streams on the first model alone, then S streams
+ * on each model at once (aggregate t/s of both); the ratio of each pair,
+ * median over REPS. --alternate R then times R requests in a row (a short
+ * prompt, --alt-tokens tokens each, default 4): all to the first model,
+ * then alternating between the two; the paired difference in ms per
+ * request is what switching between loaded models costs.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -128,33 +138,47 @@ static double run_sequential(sb_engine **e, sb_model_t **m, int n, int requests,
     return (now_s() - t0) * 1e3 / requests;
 }
 
-/* Median of REPS runs of f (after one warm-up), min and max; false on failure. */
-typedef double (*run_fn)(void *ctx, int rep);
-static bool median_of(run_fn f, void *ctx, int reps, double out[3]) {
-    double r[MAX_REPS];
-    f(ctx, -1);
-    for (int k = 0; k < reps; k++)
-        r[k] = f(ctx, k);
-    qsort(r, (size_t)reps, sizeof(double), cmp_double);
-    out[0] = r[reps / 2], out[1] = r[0], out[2] = r[reps - 1];
-    return r[0] >= 0;
+/* Median, min and max of n values (sorts them). */
+static void summarize(double *v, int n, double out[3]) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    out[0] = v[n / 2], out[1] = v[0], out[2] = v[n - 1];
 }
 
 typedef struct bench {
     sb_engine *e[2];
     sb_model_t *m[2];
-    int n;        /* engines the next run uses */
     int streams, tokens, requests;
     float temp;
 } bench;
 
-static double streams_fn(void *ctx, int rep) {
-    bench *b = ctx;
-    return run_streams(b->e, b->m, b->n, b->streams, b->tokens, b->temp, rep);
+/* One run over the first n engines: streams (t/s) or requests in a row (ms each). */
+typedef double (*run_fn)(bench *b, int n, int rep);
+static double streams_fn(bench *b, int n, int rep) {
+    return run_streams(b->e, b->m, n, b->streams, b->tokens, b->temp, rep);
 }
-static double sequential_fn(void *ctx, int rep) {
-    bench *b = ctx;
-    return run_sequential(b->e, b->m, b->n, b->requests, b->tokens, rep);
+static double sequential_fn(bench *b, int n, int rep) {
+    return run_sequential(b->e, b->m, n, b->requests, b->tokens, rep);
+}
+
+/* REPS pairs of runs, on one engine then on n, after a warm-up of each:
+ * the two figures' medians, and the median of the pairs' ratios (or
+ * differences): paired, so that a neighbour's load drifting across the
+ * sweep does not pass for a difference between the two. */
+static bool compare(bench *b, run_fn f, int n, int reps, bool ratio, double one[3], double many[3], double rel[3]) {
+    double x[MAX_REPS], y[MAX_REPS], r[MAX_REPS];
+    f(b, 1, -1);
+    f(b, n, -1);
+    for (int k = 0; k < reps; k++) {
+        x[k] = f(b, 1, k);
+        y[k] = n == 1 ? x[k] : f(b, n, k);
+        if (x[k] < 0 || y[k] < 0)
+            return false;
+        r[k] = ratio ? y[k] / x[k] : y[k] - x[k];
+    }
+    summarize(x, reps, one);
+    summarize(y, reps, many);
+    summarize(r, reps, rel);
+    return true;
 }
 
 static bool parse_int(const char *s, long min, long max, int *out) {
@@ -241,7 +265,7 @@ int main(int argc, char **argv) {
     if (n_models == 1)
         printf("| streams | t/s median | min | max | x single |\n|--:|--:|--:|--:|--:|\n");
     else
-        printf("| streams per model | one model t/s | two models at once t/s (min-max) | two / one |\n"
+        printf("| streams per model | one model t/s (min-max) | two models at once t/s (min-max) | two / one, paired (min-max) |\n"
                "|--:|--:|--:|--:|\n");
     double single = 0;
     for (const char *s = list; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL) {
@@ -250,9 +274,8 @@ int main(int argc, char **argv) {
             status = 2;
             break;
         }
-        double one[3], two[3];
-        b.n = 1;
-        if (!median_of(streams_fn, &b, reps, one)) {
+        double one[3], two[3], rel[3];
+        if (!compare(&b, streams_fn, n_models, reps, true, one, two, rel)) {
             status = 1;
             break;
         }
@@ -262,32 +285,25 @@ int main(int argc, char **argv) {
             printf("| %d | %.1f | %.1f | %.1f | %.2f |\n", b.streams, one[0], one[1], one[2],
                    single > 0 ? one[0] / single : 0);
         } else {
-            b.n = 2;
-            if (!median_of(streams_fn, &b, reps, two)) {
-                status = 1;
-                break;
-            }
-            printf("| %d | %.1f | %.1f (%.1f-%.1f) | %.3f |\n", b.streams, one[0], two[0], two[1], two[2],
-                   two[0] / one[0]);
+            printf("| %d | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.3f (%.3f-%.3f) |\n", b.streams, one[0], one[1],
+                   one[2], two[0], two[1], two[2], rel[0], rel[1], rel[2]);
         }
         fflush(stdout);
     }
     if (status == 0 && alternate > 0) {
         /* What a switch between loaded models adds to a request: one after
          * another, all to one model, then alternating between two. */
-        double one[3], alt[3];
+        double one[3], alt[3], rel[3];
         b.requests = alternate;
         b.tokens = alt_tokens;
-        b.n = 1;
-        bool ok = median_of(sequential_fn, &b, reps, one);
-        b.n = n_models;
-        ok = ok && median_of(sequential_fn, &b, reps, alt);
-        if (!ok)
+        if (!compare(&b, sequential_fn, n_models, reps, false, one, alt, rel))
             status = 1;
         else
-            printf("\n| requests in a row (%d tokens each) | ms/request, one model | ms/request, alternating %d models | added ms |\n"
-                   "|--:|--:|--:|--:|\n| %d | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %+.3f |\n",
-                   alt_tokens, n_models, alternate, one[0], one[1], one[2], alt[0], alt[1], alt[2], alt[0] - one[0]);
+            printf("\n| requests in a row (%d tokens each) | ms/request, one model | ms/request, alternating %d models |"
+                   " added ms, paired (min-max) |\n|--:|--:|--:|--:|\n"
+                   "| %d | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %+.3f (%+.3f-%+.3f) |\n",
+                   alt_tokens, n_models, alternate, one[0], one[1], one[2], alt[0], alt[1], alt[2], rel[0], rel[1],
+                   rel[2]);
     }
 done:
     for (int k = 0; k < 2; k++) {
