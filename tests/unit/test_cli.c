@@ -119,6 +119,23 @@ static void test_f16_cache_greedy(void **state) {
     free(path);
 }
 
+/* The library only hands its warnings to a log callback; the CLI's prints
+ * them on stderr. */
+static void test_library_warning_printed(void **state) {
+    (void)state;
+    char *path = fixture_path("stories260K.gguf");
+    const char *args[] = {"run", "-m", path, "-p", "Once", "-n", "2", "--temp", "0", NULL};
+    char *out, *err;
+    setenv("SB_CPU", "sse9", 1);
+    int rc = sb_test_run_cli(args, &out, &err);
+    unsetenv("SB_CPU");
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(err, "switchboard: warning: SB_CPU=sse9 is not scalar, avx2 or avx512; using "));
+    free(out);
+    free(err);
+    free(path);
+}
+
 static void test_info_every_fixture(void **state) {
     (void)state;
     const char *files[] = {"stories260K.gguf", "stories260K-f16.gguf", "stories260K-q8_0.gguf",
@@ -261,6 +278,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_matches_llamacpp),
         cmocka_unit_test(test_llama2c_story),
         cmocka_unit_test(test_f16_cache_greedy),
+        cmocka_unit_test(test_library_warning_printed),
         cmocka_unit_test(test_info_every_fixture),
         cmocka_unit_test(test_run_errors),
         cmocka_unit_test(test_command_help),
