@@ -23,7 +23,10 @@
  * median over REPS. --alternate R then times R requests in a row (a short
  * prompt, --alt-tokens tokens each, default 4): all to the first model,
  * then alternating between the two; the paired difference in ms per
- * request is what switching between loaded models costs.
+ * request is what switching between loaded models costs. Every figure of
+ * the comparison is printed twice: per wall second, and per CPU second of
+ * the process (steadier on a shared machine: it leaves out the time the
+ * neighbours' threads hold the cores).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -160,24 +163,44 @@ static double sequential_fn(bench *b, int n, int rep) {
     return run_sequential(b->e, b->m, n, b->requests, b->tokens, rep);
 }
 
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The figures of a comparison: [wall clock, process CPU time][one engine,
+ * n engines, their paired ratio or difference][median, min, max]. */
+typedef double figures[2][3][3];
+
 /* REPS pairs of runs, on one engine then on n, after a warm-up of each:
  * the two figures' medians, and the median of the pairs' ratios (or
  * differences): paired, so that a neighbour's load drifting across the
- * sweep does not pass for a difference between the two. */
-static bool compare(bench *b, run_fn f, int n, int reps, bool ratio, double one[3], double many[3], double rel[3]) {
-    double x[MAX_REPS], y[MAX_REPS], r[MAX_REPS];
+ * sweep does not pass for a difference between the two. Each figure also
+ * per CPU second of this process instead of per wall second: on a shared
+ * machine, where the wall clock counts the neighbours' time slices too,
+ * that is the steadier measure of what the work costs. */
+static bool compare(bench *b, run_fn f, int n, int reps, bool ratio, figures out) {
+    double v[2][3][MAX_REPS];
     f(b, 1, -1);
     f(b, n, -1);
-    for (int k = 0; k < reps; k++) {
-        x[k] = f(b, 1, k);
-        y[k] = n == 1 ? x[k] : f(b, n, k);
-        if (x[k] < 0 || y[k] < 0)
-            return false;
-        r[k] = ratio ? y[k] / x[k] : y[k] - x[k];
+    for (int k = 0; k < reps; k++)
+        for (int which = 0; which < 2; which++) {
+            double w0 = now_s(), c0 = cpu_s();
+            double fig = which == 1 && n == 1 ? v[0][0][k] : f(b, which ? n : 1, k);
+            double wall = now_s() - w0, cpu = cpu_s() - c0;
+            if (fig < 0)
+                return false;
+            v[0][which][k] = fig;
+            /* t/s scale by wall / cpu, ms per request by cpu / wall */
+            v[1][which][k] = which == 1 && n == 1 ? v[1][0][k] : ratio ? fig * wall / cpu : fig * cpu / wall;
+        }
+    for (int c = 0; c < 2; c++) {
+        for (int k = 0; k < reps; k++)
+            v[c][2][k] = ratio ? v[c][1][k] / v[c][0][k] : v[c][1][k] - v[c][0][k];
+        for (int i = 0; i < 3; i++)
+            summarize(v[c][i], reps, out[c][i]);
     }
-    summarize(x, reps, one);
-    summarize(y, reps, many);
-    summarize(r, reps, rel);
     return true;
 }
 
@@ -262,11 +285,12 @@ int main(int argc, char **argv) {
     }
     printf("executor threads %d, process threads %d (the caller and the executor's)\n\n", sb_executor_n_threads(x),
            process_threads());
+    static const char *const clocks[2] = {"wall", "CPU"};
     if (n_models == 1)
         printf("| streams | t/s median | min | max | x single |\n|--:|--:|--:|--:|--:|\n");
     else
-        printf("| streams per model | one model t/s (min-max) | two models at once t/s (min-max) | two / one, paired (min-max) |\n"
-               "|--:|--:|--:|--:|\n");
+        printf("| streams per model | per | one model t/s (min-max) | two models at once t/s (min-max) |"
+               " two / one, paired (min-max) |\n|--:|--|--:|--:|--:|\n");
     double single = 0;
     for (const char *s = list; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL) {
         if (!parse_int(s, 1, MAX_STREAMS, &b.streams)) {
@@ -274,36 +298,42 @@ int main(int argc, char **argv) {
             status = 2;
             break;
         }
-        double one[3], two[3], rel[3];
-        if (!compare(&b, streams_fn, n_models, reps, true, one, two, rel)) {
+        figures fg;
+        if (!compare(&b, streams_fn, n_models, reps, true, fg)) {
             status = 1;
             break;
         }
         if (n_models == 1) {
+            double *one = fg[0][0];
             if (b.streams == 1)
                 single = one[0];
             printf("| %d | %.1f | %.1f | %.1f | %.2f |\n", b.streams, one[0], one[1], one[2],
                    single > 0 ? one[0] / single : 0);
         } else {
-            printf("| %d | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.3f (%.3f-%.3f) |\n", b.streams, one[0], one[1],
-                   one[2], two[0], two[1], two[2], rel[0], rel[1], rel[2]);
+            for (int c = 0; c < 2; c++)
+                printf("| %d | %s s | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.3f (%.3f-%.3f) |\n", b.streams,
+                       clocks[c], fg[c][0][0], fg[c][0][1], fg[c][0][2], fg[c][1][0], fg[c][1][1], fg[c][1][2],
+                       fg[c][2][0], fg[c][2][1], fg[c][2][2]);
         }
         fflush(stdout);
     }
     if (status == 0 && alternate > 0) {
         /* What a switch between loaded models adds to a request: one after
          * another, all to one model, then alternating between two. */
-        double one[3], alt[3], rel[3];
+        figures fg;
         b.requests = alternate;
         b.tokens = alt_tokens;
-        if (!compare(&b, sequential_fn, n_models, reps, false, one, alt, rel))
+        if (!compare(&b, sequential_fn, n_models, reps, false, fg))
             status = 1;
-        else
-            printf("\n| requests in a row (%d tokens each) | ms/request, one model | ms/request, alternating %d models |"
-                   " added ms, paired (min-max) |\n|--:|--:|--:|--:|\n"
-                   "| %d | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %+.3f (%+.3f-%+.3f) |\n",
-                   alt_tokens, n_models, alternate, one[0], one[1], one[2], alt[0], alt[1], alt[2], rel[0], rel[1],
-                   rel[2]);
+        else {
+            printf("\n| requests in a row (%d tokens each) | per | ms/request, one model | ms/request, alternating %d models |"
+                   " added ms, paired (min-max) |\n|--:|--|--:|--:|--:|\n",
+                   alt_tokens, n_models);
+            for (int c = 0; c < 2; c++)
+                printf("| %d | %s | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %+.3f (%+.3f-%+.3f) |\n", alternate,
+                       clocks[c], fg[c][0][0], fg[c][0][1], fg[c][0][2], fg[c][1][0], fg[c][1][1], fg[c][1][2],
+                       fg[c][2][0], fg[c][2][1], fg[c][2][2]);
+        }
     }
 done:
     for (int k = 0; k < 2; k++) {
