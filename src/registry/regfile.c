@@ -192,11 +192,13 @@ static sb_status fail_at(reader *r, const cJSON *item, const char *field, sb_sta
 
 /* "path.key" or "path[i]" in buf (the field names messages use). */
 static const char *field_path(char *buf, size_t cap, const char *path, const char *key) {
-    snprintf(buf, cap, "%s%s%s", path, *path ? "." : "", key);
+    if (snprintf(buf, cap, "%s%s%s", path, *path ? "." : "", key) >= (int)cap)
+        buf[cap - 1] = '\0'; /* a cut path still names where to look */
     return buf;
 }
 static const char *index_path(char *buf, size_t cap, const char *path, size_t i) {
-    snprintf(buf, cap, "%s[%zu]", path, i);
+    if (snprintf(buf, cap, "%s[%zu]", path, i) >= (int)cap)
+        buf[cap - 1] = '\0';
     return buf;
 }
 
@@ -449,12 +451,12 @@ static sb_status get_params(reader *r, const cJSON *v, const char *path, sb_regf
         const char *p = field_path(buf, sizeof(buf), path, s->key);
         char *dst = (char *)out + s->offset;
         if (s->kind == P_FLOAT) {
-            double x;
+            double x = 0;
             if ((st = get_number(r, m, p, s->min, s->max, s->min_open, &x)))
                 return st;
             *(float *)dst = (float)x;
         } else {
-            int64_t x;
+            int64_t x = 0;
             if ((st = get_int(r, m, p, (int64_t)s->min, (int64_t)s->max, &x)))
                 return st;
             if (s->kind == P_INT32)
