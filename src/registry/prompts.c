@@ -184,6 +184,10 @@ static void list_variables(const char *t, char *buf, size_t cap) {
 sb_status sb_prompt_render(const sb_regfile_prompt *p, const cJSON *variables, char **out, sb_error *err) {
     *out = NULL;
     const char *t = p->template_text;
+    size_t bad;
+    sb_error terr;
+    if (sb_prompt_check(t, &bad, &terr) != SB_OK)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "prompt '%s' version '%s': %s", p->id, p->version, terr.msg);
     if (variables && !cJSON_IsObject(variables))
         return sb_fail(err, SB_ERR_INVALID_ARG, "prompt '%s' version '%s': variables must be an object", p->id,
                        p->version);
@@ -205,7 +209,7 @@ sb_status sb_prompt_render(const sb_regfile_prompt *p, const cJSON *variables, c
     char *buf = NULL;
     size_t total = 0;
     for (int pass = 0; pass < 2; pass++) {
-        size_t pos = 0, bad, len = 0;
+        size_t pos = 0, len = 0;
         piece pc;
         int r;
         while ((r = next_piece(t, &pos, &pc, &bad, err)) > 0) {

@@ -345,13 +345,13 @@ static sb_status get_duration(reader *r, const cJSON *v, const char *path, int64
         }
         return fail_at(r, v, path, SB_ERR_FORMAT, "%g seconds is too long", s);
     }
-    sb_status st = expect_type(r, v, path, cJSON_String, "a duration (\"30s\", \"5m\", \"1h\", \"0\", \"-1\") or seconds");
+    sb_status st =
+        expect_type(r, v, path, cJSON_String, "a duration (\"30s\", \"5m\", \"1h\", \"0\", \"-1\") or seconds");
     if (st)
         return st;
     if (!sb_regfile_parse_duration(v->valuestring, ms))
         return fail_at(r, v, path, SB_ERR_FORMAT,
-                       "bad duration '%s' (expected e.g. \"30s\", \"5m\", \"1h30m\", \"0\" or \"-1\")",
-                       v->valuestring);
+                       "bad duration '%s' (expected e.g. \"30s\", \"5m\", \"1h30m\", \"0\" or \"-1\")", v->valuestring);
     return SB_OK;
 }
 
@@ -556,16 +556,15 @@ static sb_status parse_price(reader *r, const cJSON *v, const char *path, sb_reg
         (st = get_number(r, x, field_path(buf, sizeof(buf), path, "prompt"), 0, 1e12, false, &m->price_prompt)))
         return st;
     if ((x = member(v, "completion")) &&
-        (st = get_number(r, x, field_path(buf, sizeof(buf), path, "completion"), 0, 1e12, false,
-                         &m->price_completion)))
+        (st = get_number(r, x, field_path(buf, sizeof(buf), path, "completion"), 0, 1e12, false, &m->price_completion)))
         return st;
     return SB_OK;
 }
 
 static sb_status parse_model(reader *r, const cJSON *v, const char *path, sb_regfile_model *m) {
-    static const char *const keys[] = {"name",    "path",          "device",        "aliases",    "context",
-                                       "cache_type", "parallel",   "system_prompt", "chat_template", "keep_alive",
-                                       "pinned",  "price",         "fallback",      "parameters"};
+    static const char *const keys[] = {"name",       "path",     "device",        "aliases",       "context",
+                                       "cache_type", "parallel", "system_prompt", "chat_template", "keep_alive",
+                                       "pinned",     "price",    "fallback",      "parameters"};
     sb_status st = expect_type(r, v, path, cJSON_Object, "an object");
     if (st || (st = check_members(r, v, path, keys, SB_ARRAY_LEN(keys))))
         return st;
@@ -601,8 +600,8 @@ static sb_status parse_model(reader *r, const cJSON *v, const char *path, sb_reg
         if ((st = expect_type(r, x, FIELD("cache_type"), cJSON_String, "a string")))
             return st;
         if (!sb_cache_type_parse(x->valuestring, &m->cache_type))
-            return fail_at(r, x, FIELD("cache_type"), SB_ERR_FORMAT,
-                           "bad cache type '%s' (expected f32, f16 or q8_0)", x->valuestring);
+            return fail_at(r, x, FIELD("cache_type"), SB_ERR_FORMAT, "bad cache type '%s' (expected f32, f16 or q8_0)",
+                           x->valuestring);
         m->has_cache_type = true;
     }
     if ((x = member(v, "parallel"))) {
@@ -749,8 +748,8 @@ static sb_status parse_prompt(reader *r, const cJSON *v, const char *path, sb_re
             return st;
         for (const cJSON *c = x->child; c; c = c->next) {
             if (!cJSON_IsString(c) && !cJSON_IsNumber(c) && !cJSON_IsBool(c))
-                return fail_at(r, c, vpath, SB_ERR_FORMAT, "variable '%s': expected a string, number or boolean, got %s",
-                               c->string, kind_of(c));
+                return fail_at(r, c, vpath, SB_ERR_FORMAT,
+                               "variable '%s': expected a string, number or boolean, got %s", c->string, kind_of(c));
             if (!sb_prompt_uses(p->template_text, c->string))
                 return fail_at(r, c, vpath, SB_ERR_FORMAT, "variable '%s' is not used by the template", c->string);
             for (const cJSON *q = x->child; q != c; q = q->next)
@@ -764,7 +763,6 @@ static sb_status parse_prompt(reader *r, const cJSON *v, const char *path, sb_re
 #undef FIELD
     return p->variables ? SB_OK : SB_ERR_NOMEM;
 }
-
 
 /* ---- names ---------------------------------------------------------------- */
 
@@ -792,14 +790,13 @@ static sb_status build_names(sb_regfile *rf) {
     for (size_t i = 0; i < rf->n_models; i++)
         for (size_t a = 0; a <= rf->models[i].n_aliases; a++) {
             bool own = a == rf->models[i].n_aliases; /* the name last: aliases first is no order anyone reads */
-            rf->names[rf->n_names] = (struct sb_regfile_name){
-                own ? rf->models[i].name : rf->models[i].aliases[a], SB_REGFILE_MODEL, i, own ? SIZE_MAX : a,
-                rf->n_names};
+            rf->names[rf->n_names] = (struct sb_regfile_name){own ? rf->models[i].name : rf->models[i].aliases[a],
+                                                              SB_REGFILE_MODEL, i, own ? SIZE_MAX : a, rf->n_names};
             rf->n_names++;
         }
     for (size_t i = 0; i < rf->n_routes; i++, rf->n_names++)
-        rf->names[rf->n_names] = (struct sb_regfile_name){rf->routes[i].name, SB_REGFILE_ROUTE, i, SIZE_MAX,
-                                                          rf->n_names};
+        rf->names[rf->n_names] =
+            (struct sb_regfile_name){rf->routes[i].name, SB_REGFILE_ROUTE, i, SIZE_MAX, rf->n_names};
     qsort(rf->names, rf->n_names, sizeof(*rf->names), cmp_name);
     return SB_OK;
 }
@@ -925,8 +922,8 @@ static sb_status check_references(reader *r) {
         for (size_t e = 0; e < node_edges(rf, node); e++) {
             const char *ref = edge_ref(r, node, e, &item, path, sizeof(path));
             if (node_of(rf, ref) == SIZE_MAX)
-                return fail_at(r, item, path, SB_ERR_FORMAT, "unknown model '%s' (no model, alias or route has that name)",
-                               ref);
+                return fail_at(r, item, path, SB_ERR_FORMAT,
+                               "unknown model '%s' (no model, alias or route has that name)", ref);
         }
     for (size_t i = 0; i < rf->n_prompts; i++)
         if (rf->prompts[i].model && node_of(rf, rf->prompts[i].model) == SIZE_MAX) {
@@ -957,8 +954,8 @@ static sb_status report_loop(reader *r, const size_t (*stack)[2], size_t depth, 
         size_t target = node_of(rf, ref);
         const char *canonical = node_name(rf, target);
         if (len < sizeof(chain))
-            len += (size_t)snprintf(chain + len, sizeof(chain) - len, strcmp(ref, canonical) ? " -> %s (alias of %s)" : " -> %s",
-                                    ref, canonical);
+            len += (size_t)snprintf(chain + len, sizeof(chain) - len,
+                                    strcmp(ref, canonical) ? " -> %s (alias of %s)" : " -> %s", ref, canonical);
         *(node < rf->n_models ? &fallbacks : &routes) = true;
     }
     const cJSON *item;
@@ -966,7 +963,10 @@ static sb_status report_loop(reader *r, const size_t (*stack)[2], size_t depth, 
     size_t top = depth - 1;
     edge_ref(r, stack[top][0], stack[top][1] - 1, &item, path, sizeof(path));
     return fail_at(r, item, path, SB_ERR_FORMAT, "%s loop: %s",
-                   fallbacks && routes ? "fallback and route" : fallbacks ? "fallback" : "route", chain);
+                   fallbacks && routes ? "fallback and route"
+                   : fallbacks         ? "fallback"
+                                       : "route",
+                   chain);
 }
 
 /* A request follows fallbacks (a model that fails to load) and routes (a
@@ -975,7 +975,7 @@ static sb_status report_loop(reader *r, const size_t (*stack)[2], size_t depth, 
 static sb_status check_loops(reader *r) {
     const sb_regfile *rf = r->rf;
     size_t n = rf->n_models + rf->n_routes;
-    unsigned char *state = sb_calloc(n + 1, 1); /* 0 unseen, 1 on the stack, 2 done */
+    unsigned char *state = sb_calloc(n + 1, 1);           /* 0 unseen, 1 on the stack, 2 done */
     size_t(*stack)[2] = sb_calloc(n + 1, sizeof(*stack)); /* node, next edge */
     sb_status st = state && stack ? SB_OK : SB_ERR_NOMEM;
     for (size_t start = 0; start < n && st == SB_OK; start++) {
@@ -1126,8 +1126,7 @@ static sb_status parse_entries(reader *r, bool registry) {
         }
     }
     if ((x = member(root, "prompts"))) {
-        if ((st = alloc_entries(r, x, "prompts", sizeof(sb_regfile_prompt), (void **)&rf->prompts, &n,
-                                &r->prompt_obj)))
+        if ((st = alloc_entries(r, x, "prompts", sizeof(sb_regfile_prompt), (void **)&rf->prompts, &n, &r->prompt_obj)))
             return st;
         for (const cJSON *c = x->child; c; c = c->next) {
             r->prompt_obj[rf->n_prompts] = c;
@@ -1231,8 +1230,11 @@ static sb_status read_entries(reader *r, bool registry, cJSON **root) {
 /* Appends the built-in prompts whose ids rf's own prompts do not use. */
 static sb_status add_builtins(sb_regfile *rf, sb_error *err) {
     sb_regfile tmp = {0};
-    reader r = {.text = sb_prompt_builtin_json, .len = strlen(sb_prompt_builtin_json), .name = "built-in prompts",
-                .err = err, .rf = &tmp};
+    reader r = {.text = sb_prompt_builtin_json,
+                .len = strlen(sb_prompt_builtin_json),
+                .name = "built-in prompts",
+                .err = err,
+                .rf = &tmp};
     cJSON *root;
     sb_status st = read_entries(&r, false, &root);
     if (!st)
@@ -1430,8 +1432,8 @@ sb_status sb_regfile_from_dir(const char *dir, sb_regfile **out, sb_error *err) 
     *out = NULL;
     DIR *d = opendir(dir);
     if (!d)
-        return sb_fail(err, errno == ENOENT ? SB_ERR_NOT_FOUND : SB_ERR_IO, "cannot read model directory '%s': %s",
-                       dir, strerror(errno));
+        return sb_fail(err, errno == ENOENT ? SB_ERR_NOT_FOUND : SB_ERR_IO, "cannot read model directory '%s': %s", dir,
+                       strerror(errno));
     sb_regfile *rf = sb_calloc(1, sizeof(*rf));
     size_t cap = 0, stem;
     sb_status st = rf ? SB_OK : SB_ERR_NOMEM;

@@ -52,20 +52,21 @@ static const char *write_file(const char *name, const char *text) {
 }
 
 static const char full_json[] =
-    "{\n"                                                                                            /* 1 */
-    "  \"fallback\": \"stories\",\n"                                                                 /* 2 */
-    "  \"models\": [\n"                                                                              /* 3 */
-    "    {\"name\": \"stories\", \"path\": \"stories.gguf\", \"device\": \"cpu\",\n"                 /* 4 */
+    "{\n"                                                                            /* 1 */
+    "  \"fallback\": \"stories\",\n"                                                 /* 2 */
+    "  \"models\": [\n"                                                              /* 3 */
+    "    {\"name\": \"stories\", \"path\": \"stories.gguf\", \"device\": \"cpu\",\n" /* 4 */
     "     \"aliases\": [\"tiny\", \"small\"], \"context\": 512, \"cache_type\": \"q8_0\", \"parallel\": 4,\n"
     "     \"system_prompt\": \"You are a storyteller.\", \"chat_template\": \"t.jinja\",\n"
     "     \"keep_alive\": \"5m\", \"pinned\": true, \"price\": {\"prompt\": 0.15, \"completion\": 0.6},\n"
     "     \"fallback\": \"stories-q8\",\n"
     "     \"parameters\": {\"temperature\": 0.8, \"top_k\": 40, \"top_p\": 0.95, \"min_p\": 0.05,\n"
     "                    \"repeat_penalty\": 1.1, \"repeat_last_n\": 64, \"frequency_penalty\": 0.5,\n"
-    "                    \"presence_penalty\": -0.5, \"seed\": 7, \"max_tokens\": 256, \"stop\": [\"\\n\\n\", \"END\"]}},\n"
-    "    {\"name\": \"stories-q8\", \"path\": \"stories-q8.gguf\", \"keep_alive\": -1}\n"          /* 12 */
+    "                    \"presence_penalty\": -0.5, \"seed\": 7, \"max_tokens\": 256, \"stop\": [\"\\n\\n\", "
+    "\"END\"]}},\n"
+    "    {\"name\": \"stories-q8\", \"path\": \"stories-q8.gguf\", \"keep_alive\": -1}\n" /* 12 */
     "  ],\n"
-    "  \"routes\": [{\"name\": \"story-ab\",\n"                                                      /* 14 */
+    "  \"routes\": [{\"name\": \"story-ab\",\n" /* 14 */
     "              \"split\": [{\"model\": \"stories\", \"weight\": 80}, {\"model\": \"tiny\", \"weight\": 20}]}],\n"
     "  \"prompts\": [\n"
     "    {\"id\": \"story\", \"version\": 2, \"description\": \"A story.\", \"template\": \"Write about {{topic}}.\",\n"
@@ -145,8 +146,8 @@ static void test_minimal_shape(void **state) {
     (void)state;
     sb_regfile *rf;
     sb_error err;
-    const char *path =
-        write_file("minimal.json", "{\"models\": [{\"name\": \"m\", \"path\": \"stories.gguf\", \"device\": \"cpu\"}]}");
+    const char *path = write_file("minimal.json",
+                                  "{\"models\": [{\"name\": \"m\", \"path\": \"stories.gguf\", \"device\": \"cpu\"}]}");
     assert_int_equal(sb_regfile_load(path, &rf, &err), SB_OK);
     const sb_regfile_model *m = &rf->models[0];
     assert_int_equal(m->context, 0);
@@ -180,8 +181,8 @@ static const bad_case bad_cases[] = {
     /* JSON syntax: line and column */
     {"{\"models\": [\n  {\"name\": \"a\",\n   \"path\": \"stories.gguf\",}]}",
      "3:26: JSON syntax error: trailing comma before '}'", SB_ERR_FORMAT},
-    {M0 "\n  {\"name\": \"b\"}" M0_END, "3:3: JSON syntax error: unexpected text at '{\"name\": \"b\"}]}' (missing ','?)",
-     SB_ERR_FORMAT},
+    {M0 "\n  {\"name\": \"b\"}" M0_END,
+     "3:3: JSON syntax error: unexpected text at '{\"name\": \"b\"}]}' (missing ','?)", SB_ERR_FORMAT},
     {M0 ",\n  {\"name\": \"b\", \"path\": \"stories.gguf}" M0_END, "3:25: JSON syntax error: unterminated string",
      SB_ERR_FORMAT},
     {"{\n  // a comment\n  \"models\": []}", "2:3: JSON syntax error: comments are not allowed in JSON", SB_ERR_FORMAT},
@@ -243,7 +244,8 @@ static const bad_case bad_cases[] = {
     {"{\"models\": [\n  {\"name\": \"a\", \"path\": \"stories.gguf\", \"aliases\": [\"x\"]},\n"
      "  {\"name\": \"b\", \"path\": \"stories.gguf\",\n   \"aliases\": [\"y\", \"x\"]}]}",
      "4: models[1].aliases[1]: duplicate name 'x': already an alias of model 'a' (line 2)", SB_ERR_FORMAT},
-    {M0 "],\n \"routes\": [{\"name\": \"r\", \"split\": [{\"model\": \"a\"}]},\n  {\"name\": \"a\", \"split\": [{\"model\": "
+    {M0 "],\n \"routes\": [{\"name\": \"r\", \"split\": [{\"model\": \"a\"}]},\n  {\"name\": \"a\", \"split\": "
+        "[{\"model\": "
         "\"a\"}]}]}",
      "4: routes[1].name: duplicate name 'a': already the name of model 'a' (line 2)", SB_ERR_FORMAT},
     /* references */
@@ -273,8 +275,8 @@ static const bad_case bad_cases[] = {
     {M0 "],\n \"routes\": [{\"name\": \"r\", \"split\": [{\"model\": \"a\", \"weight\": 3},\n   {\"model\": \"a\", "
         "\"weight\": -1}]}]}",
      "4: routes[0].split[1].weight: negative weight -1", SB_ERR_FORMAT},
-    {M0 "],\n \"routes\": [{\"name\": \"r\", \"split\": []}]}", "3: routes[0].split: route 'r' splits between no models",
-     SB_ERR_FORMAT},
+    {M0 "],\n \"routes\": [{\"name\": \"r\", \"split\": []}]}",
+     "3: routes[0].split: route 'r' splits between no models", SB_ERR_FORMAT},
     {M0 "],\n \"routes\": [{\"name\": \"r\"}]}", "3: routes[0]: missing required field 'split' (route 'r')",
      SB_ERR_FORMAT},
     /* prompts */
@@ -345,7 +347,8 @@ static void test_positions(void **state) {
     assert_string_equal(err.msg, "crlf.json:3: models[0].path: expected a string, got a number");
     const char syntax[] = "{\r\n\t\"models\": [\r\n\t{\"name\": \"caf\xC3\xA9\" \"path\": 1}]}";
     assert_int_equal(sb_regfile_parse(syntax, sizeof(syntax) - 1, "crlf.json", dir(), &rf, &err), SB_ERR_FORMAT);
-    assert_string_equal(err.msg, "crlf.json:3:18: JSON syntax error: unexpected text at '\"path\": 1}]}' (missing ','?)");
+    assert_string_equal(err.msg,
+                        "crlf.json:3:18: JSON syntax error: unexpected text at '\"path\": 1}]}' (missing ','?)");
     /* a NUL byte is named where it is, not taken for the end */
     const char nul[] = "{\"models\": [\n  \0]}";
     assert_int_equal(sb_regfile_parse(nul, sizeof(nul) - 1, "nul.json", dir(), &rf, &err), SB_ERR_FORMAT);
@@ -434,12 +437,24 @@ static void test_durations(void **state) {
     static const struct {
         const char *text;
         int64_t ms;
-    } good[] = {{"0", 0},         {"-1", SB_REGFILE_FOREVER}, {"-5m", SB_REGFILE_FOREVER}, {"30s", 30000},
-                {"5m", 300000},   {"1h", 3600000},            {"1h30m", 5400000},          {"1.5s", 1500},
-                {"250ms", 250},   {"300", 300000},            {"2.5", 2500},               {"1m30s", 90000},
-                {".5h", 1800000}, {"-0", 0}};
-    static const char *const bad[] = {"", "-", "s", "5x", "5 m", " 5m", "5m ", "1e3", "inf", "nan", "0x10",
-                                      "1h-5m", "5mm", "1..5s", "99999999999999999999h", "+5m"};
+    } good[] = {{"0", 0},
+                {"-1", SB_REGFILE_FOREVER},
+                {"-5m", SB_REGFILE_FOREVER},
+                {"30s", 30000},
+                {"5m", 300000},
+                {"1h", 3600000},
+                {"1h30m", 5400000},
+                {"1.5s", 1500},
+                {"250ms", 250},
+                {"300", 300000},
+                {"2.5", 2500},
+                {"1m30s", 90000},
+                {".5h", 1800000},
+                {"-0", 0}};
+    static const char *const bad[] = {"",     "-",     "s",   "5x",    "5 m",
+                                      " 5m",  "5m ",   "1e3", "inf",   "nan",
+                                      "0x10", "1h-5m", "5mm", "1..5s", "99999999999999999999h",
+                                      "+5m"};
     for (size_t i = 0; i < SB_ARRAY_LEN(good); i++) {
         int64_t ms = 12345;
         if (!sb_regfile_parse_duration(good[i].text, &ms) || ms != good[i].ms)
