@@ -265,7 +265,7 @@ static sb_status get_name(reader *r, const cJSON *v, const char *path, char **ou
         return fail_at(r, v, path, SB_ERR_FORMAT, "name longer than %d bytes", MAX_NAME_BYTES);
     for (size_t i = 0; i < len; i++)
         if ((unsigned char)(*out)[i] < ' ' || (*out)[i] == 0x7f)
-            return fail_at(r, v, path, SB_ERR_FORMAT, "name '%s' contains a control character", *out);
+            return fail_at(r, v, path, SB_ERR_FORMAT, "name contains a control character (byte %zu)", i);
     if ((*out)[0] == ' ' || (*out)[len - 1] == ' ')
         return fail_at(r, v, path, SB_ERR_FORMAT, "name '%s' starts or ends with a space", *out);
     return SB_OK;
@@ -324,10 +324,10 @@ static sb_status get_strings(reader *r, const cJSON *v, const char *path, size_t
     size_t i = 0;
     for (const cJSON *c = v->child; c; c = c->next, i++) {
         const char *p = index_path(buf, sizeof(buf), path, i);
+        *n_out = i + 1; /* counted before it is read: a string read and then refused is freed with the rest */
         st = names ? get_name(r, c, p, &list[i]) : get_string(r, c, p, true, &list[i]);
         if (st)
             return st;
-        *n_out = i + 1;
     }
     return SB_OK;
 }

@@ -239,6 +239,10 @@ static const bad_case bad_cases[] = {
     {M0 ",\n  {\"name\": \"b\", \"path\": \"x\", \"aliases\": \"bee\"}" M0_END,
      "3: models[1].aliases: expected an array, got a string", SB_ERR_FORMAT},
     /* names */
+    {M0 ",\n  {\"name\": \"b\", \"path\": \"x\", \"aliases\": [\"ok\",\n    \"b\\u0007d\"]}" M0_END,
+     "4: models[1].aliases[1]: name contains a control character (byte 1)", SB_ERR_FORMAT},
+    {M0 ",\n  {\"name\": \" b\", \"path\": \"x\"}" M0_END, "3: models[1].name: name ' b' starts or ends with a space",
+     SB_ERR_FORMAT},
     {M0 ",\n  {\"name\": \"a\", \"path\": \"stories.gguf\"}" M0_END,
      "3: models[1].name: duplicate name 'a': already the name of model 'a' (line 2)", SB_ERR_FORMAT},
     {"{\"models\": [\n  {\"name\": \"a\", \"path\": \"stories.gguf\", \"aliases\": [\"x\"]},\n"
