@@ -32,6 +32,8 @@ int sb_cmd_serve(int argc, char **argv) {
     const char *v;
     bool quiet = false;
     for (int i = 1; i < argc; i++) {
+        if (sb_cli_end_of_options(argc, argv, i, NULL))
+            break;
         if (sb_cli_opt(argc, argv, &i, "-m", &p.model_path) || sb_cli_opt(argc, argv, &i, "--model", &p.model_path) ||
             sb_cli_opt(argc, argv, &i, "--host", &p.host) || sb_cli_opt(argc, argv, &i, "--alias", &p.model_id))
             continue;
