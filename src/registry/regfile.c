@@ -55,7 +55,7 @@ size_t sb__regfile_scan(const char *t, size_t len, size_t *offsets, size_t cap) 
             size_t j = i;
             while (j < len && (unsigned char)t[j] <= ' ')
                 j++;
-            if (j < len && t[j] == ':') { /* a member's name: its value starts the member */
+            if (j < len && t[j] == ':') { /* a member's name: the member is recorded where it starts */
                 key = start;
                 i = j + 1;
                 continue;
@@ -93,7 +93,7 @@ typedef struct reader {
     const cJSON *root;
     const cJSON **model_obj; /* the JSON object of each rf->models[i] */
     const cJSON **route_obj;
-    const cJSON **prompt_obj; /* NULL for built-ins */
+    const cJSON **prompt_obj;
 } reader;
 
 static void offset_line_col(const reader *r, size_t off, int *line, int *col) {
@@ -190,16 +190,20 @@ static sb_status fail_at(reader *r, const cJSON *item, const char *field, sb_sta
 
 /* ---- small helpers -------------------------------------------------------- */
 
-/* "path.key" or "path[i]" in buf (the field names messages use). */
-static const char *field_path(char *buf, size_t cap, const char *path, const char *key) {
-    if (snprintf(buf, cap, "%s%s%s", path, *path ? "." : "", key) >= (int)cap)
-        buf[cap - 1] = '\0'; /* a cut path still names where to look */
+/* A field's path for messages ("models[1].context") into buf; one too long is cut. */
+static const char *pathf(char *buf, size_t cap, const char *fmt, ...) SB_PRINTF(3, 4);
+static const char *pathf(char *buf, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
     return buf;
 }
+static const char *field_path(char *buf, size_t cap, const char *path, const char *key) {
+    return pathf(buf, cap, "%s%s%s", path, *path ? "." : "", key);
+}
 static const char *index_path(char *buf, size_t cap, const char *path, size_t i) {
-    if (snprintf(buf, cap, "%s[%zu]", path, i) >= (int)cap)
-        buf[cap - 1] = '\0';
-    return buf;
+    return pathf(buf, cap, "%s[%zu]", path, i);
 }
 
 static const char *kind_of(const cJSON *v) {
@@ -332,18 +336,13 @@ static sb_status get_strings(reader *r, const cJSON *v, const char *path, size_t
     return SB_OK;
 }
 
+static bool duration_ms(double ms, bool negative, int64_t *out);
+
 static sb_status get_duration(reader *r, const cJSON *v, const char *path, int64_t *ms) {
-    if (cJSON_IsNumber(v)) {
-        double s = v->valuedouble;
-        if (s < 0) {
-            *ms = SB_REGFILE_FOREVER;
+    if (cJSON_IsNumber(v)) { /* seconds */
+        if (duration_ms(fabs(v->valuedouble) * 1000, v->valuedouble < 0, ms))
             return SB_OK;
-        }
-        if (s * 1000 <= MAX_DURATION_MS) {
-            *ms = (int64_t)llround(s * 1000);
-            return SB_OK;
-        }
-        return fail_at(r, v, path, SB_ERR_FORMAT, "%g seconds is too long", s);
+        return fail_at(r, v, path, SB_ERR_FORMAT, "%g seconds is too long", v->valuedouble);
     }
     sb_status st =
         expect_type(r, v, path, cJSON_String, "a duration (\"30s\", \"5m\", \"1h\", \"0\", \"-1\") or seconds");
@@ -373,36 +372,39 @@ static bool plain_number(const char *s, double *out, const char **end) {
     return true;
 }
 
+/* A duration of ms milliseconds (>= 0) with its sign: negative (not -0) is
+ * forever; false when too long to mean anything. */
+static bool duration_ms(double ms, bool negative, int64_t *out) {
+    if (!(ms <= MAX_DURATION_MS))
+        return false;
+    *out = negative && ms > 0 ? SB_REGFILE_FOREVER : (int64_t)llround(ms);
+    return true;
+}
+
 bool sb_regfile_parse_duration(const char *s, int64_t *ms) {
+    static const struct {
+        const char *unit;
+        double ms;
+    } units[] = {{"ms", 1}, {"s", 1000}, {"m", 60e3}, {"h", 3600e3}}; /* "ms" before "m" */
     bool negative = *s == '-';
-    const char *p = s + negative;
+    const char *p = s + negative, *end;
     double total = 0, x;
-    const char *end;
     if (!plain_number(p, &x, &end))
         return false;
-    if (*end == '\0') { /* a bare number: seconds */
-        total = x * 1000;
-    } else {
-        while (*p) {
-            if (!plain_number(p, &x, &end))
-                return false;
-            static const struct {
-                const char *unit;
-                double ms;
-            } units[] = {{"ms", 1}, {"s", 1000}, {"m", 60e3}, {"h", 3600e3}};
-            size_t u = 0;
-            while (u < SB_ARRAY_LEN(units) && strncmp(end, units[u].unit, strlen(units[u].unit)) != 0)
-                u++;
-            if (u == SB_ARRAY_LEN(units))
-                return false;
-            total += x * units[u].ms;
-            p = end + strlen(units[u].unit);
-        }
+    if (*end == '\0') /* a bare number: seconds */
+        return duration_ms(x * 1000, negative, ms);
+    while (*p) {
+        if (!plain_number(p, &x, &end))
+            return false;
+        size_t u = 0;
+        while (u < SB_ARRAY_LEN(units) && strncmp(end, units[u].unit, strlen(units[u].unit)) != 0)
+            u++;
+        if (u == SB_ARRAY_LEN(units))
+            return false;
+        total += x * units[u].ms;
+        p = end + strlen(units[u].unit);
     }
-    if (!(total <= MAX_DURATION_MS))
-        return false;
-    *ms = negative && total > 0 ? SB_REGFILE_FOREVER : (int64_t)llround(total);
-    return true;
+    return duration_ms(total, negative, ms);
 }
 
 /* ---- parameters ----------------------------------------------------------- */

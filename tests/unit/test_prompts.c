@@ -59,6 +59,8 @@ static void test_render(void **state) {
            "Write a story about a cat.");
     expect("{{ a }}+{{a}}={{\tsum\t}}", NULL, "{\"a\": 2, \"sum\": 4.5}", SB_OK, "2+2=4.5");
     expect("{{x}} {{y}} {{z}}", NULL, "{\"x\": true, \"y\": false, \"z\": 0.1}", SB_OK, "true false 0.1");
+    /* OpenAI's reusable prompts send text variables as input_text objects */
+    expect("Hi {{name}}", NULL, "{\"name\": {\"type\": \"input_text\", \"text\": \"Jane\"}}", SB_OK, "Hi Jane");
     expect("{{big}}", NULL, "{\"big\": 12345678901234}", SB_OK, "12345678901234");
     expect("{{n}}", NULL, "{\"n\": -3}", SB_OK, "-3");
     expect("no variables", NULL, NULL, SB_OK, "no variables");
@@ -100,10 +102,12 @@ static void test_render_errors(void **state) {
            "prompt 't' version '1': variable 'topc' is not used by the template (it uses: topic, style)");
     expect("plain", NULL, "{\"x\": 1}", SB_ERR_INVALID_ARG,
            "prompt 't' version '1': variable 'x' is not used by the template (it uses: none)");
-    expect("{{x}}", NULL, "{\"x\": {\"a\": 1}}", SB_ERR_INVALID_ARG,
-           "prompt 't' version '1': variable 'x' must be a string, number or boolean");
-    expect("{{x}}", NULL, "{\"x\": null}", SB_ERR_INVALID_ARG,
-           "prompt 't' version '1': variable 'x' must be a string, number or boolean");
+    static const char kinds[] = "prompt 't' version '1': variable 'x' must be a string, number, boolean or "
+                                "{\"type\": \"input_text\", \"text\": ...}";
+    expect("{{x}}", NULL, "{\"x\": {\"a\": 1}}", SB_ERR_INVALID_ARG, kinds);
+    expect("{{x}}", NULL, "{\"x\": null}", SB_ERR_INVALID_ARG, kinds);
+    expect("{{x}}", NULL, "{\"x\": {\"type\": \"input_image\", \"image_url\": \"http://x\"}}", SB_ERR_INVALID_ARG,
+           kinds);
     expect("{{x}}", NULL, "[1]", SB_ERR_INVALID_ARG, "prompt 't' version '1': variables must be an object");
 }
 
