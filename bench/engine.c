@@ -1,8 +1,10 @@
 /*
  * engine.c - the scheduler's throughput without the HTTP server: N requests
- * submitted at once to one engine, aggregate generated tokens per second.
+ * submitted at once to one engine (or to each of two engines on one
+ * executor), aggregate generated tokens per second.
  *
- *   bench_engine -m MODEL [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]
+ *   bench_engine -m MODEL [-m MODEL2] [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]
+ *                [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N]
  *
  * For every stream count S: S requests (prompts of 4..15 pseudo-random ids
  * after BOS, so the prompts differ as the server benchmark's do), each
@@ -14,6 +16,17 @@
  * runs per S and its ratio to the S = 1 median. bench/serve-load.mjs
  * measures the same through HTTP; the gap between the two is the server's
  * cost.
+ *
+ * With two models, both engines share one executor of THREADS threads, and
+ * each S runs as pairs: S streams on the first model alone, then S streams
+ * on each model at once (aggregate t/s of both); the ratio of each pair,
+ * median over REPS. --alternate R then times R requests in a row (a short
+ * prompt, --alt-tokens tokens each, default 4): all to the first model,
+ * then alternating between the two; the paired difference in ms per
+ * request is what switching between loaded models costs. Every figure of
+ * the comparison is printed twice: per wall second, and per CPU second of
+ * the process (steadier on a shared machine: it leaves out the time the
+ * neighbours' threads hold the cores).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -128,33 +141,67 @@ static double run_sequential(sb_engine **e, sb_model_t **m, int n, int requests,
     return (now_s() - t0) * 1e3 / requests;
 }
 
-/* Median of REPS runs of f (after one warm-up), min and max; false on failure. */
-typedef double (*run_fn)(void *ctx, int rep);
-static bool median_of(run_fn f, void *ctx, int reps, double out[3]) {
-    double r[MAX_REPS];
-    f(ctx, -1);
-    for (int k = 0; k < reps; k++)
-        r[k] = f(ctx, k);
-    qsort(r, (size_t)reps, sizeof(double), cmp_double);
-    out[0] = r[reps / 2], out[1] = r[0], out[2] = r[reps - 1];
-    return r[0] >= 0;
+/* Median, min and max of n values (sorts them). */
+static void summarize(double *v, int n, double out[3]) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    out[0] = v[n / 2], out[1] = v[0], out[2] = v[n - 1];
 }
 
 typedef struct bench {
     sb_engine *e[2];
     sb_model_t *m[2];
-    int n;        /* engines the next run uses */
     int streams, tokens, requests;
     float temp;
 } bench;
 
-static double streams_fn(void *ctx, int rep) {
-    bench *b = ctx;
-    return run_streams(b->e, b->m, b->n, b->streams, b->tokens, b->temp, rep);
+/* One run over the first n engines: streams (t/s) or requests in a row (ms each). */
+typedef double (*run_fn)(bench *b, int n, int rep);
+static double streams_fn(bench *b, int n, int rep) {
+    return run_streams(b->e, b->m, n, b->streams, b->tokens, b->temp, rep);
 }
-static double sequential_fn(void *ctx, int rep) {
-    bench *b = ctx;
-    return run_sequential(b->e, b->m, b->n, b->requests, b->tokens, rep);
+static double sequential_fn(bench *b, int n, int rep) {
+    return run_sequential(b->e, b->m, n, b->requests, b->tokens, rep);
+}
+
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The figures of a comparison: [wall clock, process CPU time][one engine,
+ * n engines, their paired ratio or difference][median, min, max]. */
+typedef double figures[2][3][3];
+
+/* REPS pairs of runs, on one engine then on n, after a warm-up of each:
+ * the two figures' medians, and the median of the pairs' ratios (or
+ * differences): paired, so that a neighbour's load drifting across the
+ * sweep does not pass for a difference between the two. Each figure also
+ * per CPU second of this process instead of per wall second: on a shared
+ * machine, where the wall clock counts the neighbours' time slices too,
+ * that is the steadier measure of what the work costs. */
+static bool compare(bench *b, run_fn f, int n, int reps, bool ratio, figures out) {
+    double v[2][3][MAX_REPS];
+    f(b, 1, -1);
+    f(b, n, -1);
+    for (int k = 0; k < reps; k++)
+        for (int which = 0; which < 2; which++) {
+            double w0 = now_s(), c0 = cpu_s();
+            double fig = which == 1 && n == 1 ? v[0][0][k] : f(b, which ? n : 1, k);
+            double wall = now_s() - w0, cpu = cpu_s() - c0;
+            if (fig < 0)
+                return false;
+            v[0][which][k] = fig;
+            /* t/s scale by wall / cpu, ms per request by cpu / wall */
+            v[1][which][k] = which == 1 && n == 1 ? v[1][0][k] : ratio ? fig * wall / cpu : fig * cpu / wall;
+        }
+    for (int c = 0; c < 2; c++) {
+        for (int k = 0; k < reps; k++)
+            v[c][2][k] = ratio ? v[c][1][k] / v[c][0][k] : v[c][1][k] - v[c][0][k];
+        for (int i = 0; i < 3; i++)
+            summarize(v[c][i], reps, out[c][i]);
+    }
+    return true;
 }
 
 static bool parse_int(const char *s, long min, long max, int *out) {
@@ -238,11 +285,12 @@ int main(int argc, char **argv) {
     }
     printf("executor threads %d, process threads %d (the caller and the executor's)\n\n", sb_executor_n_threads(x),
            process_threads());
+    static const char *const clocks[2] = {"wall", "CPU"};
     if (n_models == 1)
         printf("| streams | t/s median | min | max | x single |\n|--:|--:|--:|--:|--:|\n");
     else
-        printf("| streams per model | one model t/s | two models at once t/s (min-max) | two / one |\n"
-               "|--:|--:|--:|--:|\n");
+        printf("| streams per model | per | one model t/s (min-max) | two models at once t/s (min-max) |"
+               " two / one, paired (min-max) |\n|--:|--|--:|--:|--:|\n");
     double single = 0;
     for (const char *s = list; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL) {
         if (!parse_int(s, 1, MAX_STREAMS, &b.streams)) {
@@ -250,44 +298,42 @@ int main(int argc, char **argv) {
             status = 2;
             break;
         }
-        double one[3], two[3];
-        b.n = 1;
-        if (!median_of(streams_fn, &b, reps, one)) {
+        figures fg;
+        if (!compare(&b, streams_fn, n_models, reps, true, fg)) {
             status = 1;
             break;
         }
         if (n_models == 1) {
+            double *one = fg[0][0];
             if (b.streams == 1)
                 single = one[0];
             printf("| %d | %.1f | %.1f | %.1f | %.2f |\n", b.streams, one[0], one[1], one[2],
                    single > 0 ? one[0] / single : 0);
         } else {
-            b.n = 2;
-            if (!median_of(streams_fn, &b, reps, two)) {
-                status = 1;
-                break;
-            }
-            printf("| %d | %.1f | %.1f (%.1f-%.1f) | %.3f |\n", b.streams, one[0], two[0], two[1], two[2],
-                   two[0] / one[0]);
+            for (int c = 0; c < 2; c++)
+                printf("| %d | %s s | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.3f (%.3f-%.3f) |\n", b.streams,
+                       clocks[c], fg[c][0][0], fg[c][0][1], fg[c][0][2], fg[c][1][0], fg[c][1][1], fg[c][1][2],
+                       fg[c][2][0], fg[c][2][1], fg[c][2][2]);
         }
         fflush(stdout);
     }
     if (status == 0 && alternate > 0) {
         /* What a switch between loaded models adds to a request: one after
          * another, all to one model, then alternating between two. */
-        double one[3], alt[3];
+        figures fg;
         b.requests = alternate;
         b.tokens = alt_tokens;
-        b.n = 1;
-        bool ok = median_of(sequential_fn, &b, reps, one);
-        b.n = n_models;
-        ok = ok && median_of(sequential_fn, &b, reps, alt);
-        if (!ok)
+        if (!compare(&b, sequential_fn, n_models, reps, false, fg))
             status = 1;
-        else
-            printf("\n| requests in a row (%d tokens each) | ms/request, one model | ms/request, alternating %d models | added ms |\n"
-                   "|--:|--:|--:|--:|\n| %d | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %+.3f |\n",
-                   alt_tokens, n_models, alternate, one[0], one[1], one[2], alt[0], alt[1], alt[2], alt[0] - one[0]);
+        else {
+            printf("\n| requests in a row (%d tokens each) | per | ms/request, one model | ms/request, alternating %d models |"
+                   " added ms, paired (min-max) |\n|--:|--|--:|--:|--:|\n",
+                   alt_tokens, n_models);
+            for (int c = 0; c < 2; c++)
+                printf("| %d | %s | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %+.3f (%+.3f-%+.3f) |\n", alternate,
+                       clocks[c], fg[c][0][0], fg[c][0][1], fg[c][0][2], fg[c][1][0], fg[c][1][1], fg[c][1][2],
+                       fg[c][2][0], fg[c][2][1], fg[c][2][2]);
+        }
     }
 done:
     for (int k = 0; k < 2; k++) {

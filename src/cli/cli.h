@@ -25,6 +25,12 @@ int sb_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* If argv[*i] is `name`, consumes it and its value into *value and returns
  * true; exits with a usage error if the value is missing. */
 bool sb_cli_opt(int argc, char **argv, int *i, const char *name, const char **value);
+/* `--` ends a command's options, as POSIX utilities do: if argv[i] is `--`,
+ * returns true (the option loop then stops) and sets *operands to i + 1,
+ * from where every argument is an operand, even one starting with '-'.
+ * Commands that take no operands pass NULL: an argument after `--` is then
+ * a usage error naming it. */
+bool sb_cli_end_of_options(int argc, char **argv, int i, int *operands);
 /* Parse a whole string as a number, or exit with a usage error naming opt. */
 int64_t sb_cli_int(const char *opt, const char *value, int64_t min, int64_t max);
 float sb_cli_float(const char *opt, const char *value);

@@ -58,6 +58,8 @@ typedef struct model_desc {
 static void parse_opts(int argc, char **argv, bench_opts *o) {
     const char *v;
     for (int i = 1; i < argc; i++) {
+        if (sb_cli_end_of_options(argc, argv, i, NULL))
+            break;
         if (sb_cli_opt(argc, argv, &i, "-m", &o->model) || sb_cli_opt(argc, argv, &i, "--model", &o->model))
             continue;
         if (sb_cli_opt(argc, argv, &i, "-p", &v) || sb_cli_opt(argc, argv, &i, "--n-prompt", &v))

@@ -24,6 +24,8 @@ int sb_cmd_gen_model(int argc, char **argv) {
     char *template_text = NULL;
     const char *out = NULL, *v;
     for (int i = 1; i < argc; i++) {
+        if (sb_cli_end_of_options(argc, argv, i, NULL))
+            break;
         if (sb_cli_opt(argc, argv, &i, "--out", &out) || sb_cli_opt(argc, argv, &i, "--name", &p.name) ||
             sb_cli_opt(argc, argv, &i, "--arch", &p.arch) || sb_cli_opt(argc, argv, &i, "--vocab-from", &p.vocab_from))
             continue;

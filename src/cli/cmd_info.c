@@ -81,11 +81,14 @@ static void print_value(const sb_gguf_kv *kv) {
 }
 
 int sb_cmd_info(int argc, char **argv) {
-    if (argc != 2) {
-        fputs("usage: switchboard info FILE\n", stderr);
+    int first = 1; /* FILE, or the argument after `--` */
+    if (argc > 1)
+        sb_cli_end_of_options(argc, argv, 1, &first);
+    if (argc - first != 1) {
+        fputs("usage: switchboard info [--] FILE\n", stderr);
         return SB_EXIT_USAGE;
     }
-    const char *path = argv[1];
+    const char *path = argv[first];
     sb_gguf *g;
     sb_error err;
     if (sb_gguf_open(path, &g, &err) != SB_OK)

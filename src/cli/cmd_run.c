@@ -36,6 +36,8 @@ typedef struct run_opts {
 static void parse_opts(int argc, char **argv, run_opts *o) {
     const char *v;
     for (int i = 1; i < argc; i++) {
+        if (sb_cli_end_of_options(argc, argv, i, NULL))
+            break;
         if (sb_cli_opt(argc, argv, &i, "-m", &o->model) || sb_cli_opt(argc, argv, &i, "--model", &o->model) ||
             sb_cli_opt(argc, argv, &i, "-p", &o->prompt) || sb_cli_opt(argc, argv, &i, "--prompt", &o->prompt))
             continue;

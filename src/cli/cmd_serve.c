@@ -58,6 +58,8 @@ int sb_cmd_serve(int argc, char **argv) {
     bool quiet = false;
     p.engine.n_ctx = 0; /* each model's trained context, unless --ctx or its registry entry says otherwise */
     for (int i = 1; i < argc; i++) {
+        if (sb_cli_end_of_options(argc, argv, i, NULL))
+            break;
         if (sb_cli_opt(argc, argv, &i, "-m", &model) || sb_cli_opt(argc, argv, &i, "--model", &model) ||
             sb_cli_opt(argc, argv, &i, "--models", &models) || sb_cli_opt(argc, argv, &i, "--host", &p.host) ||
             sb_cli_opt(argc, argv, &i, "--alias", &p.model_id))

@@ -71,6 +71,8 @@ int sb_cmd_template(int argc, char **argv) {
     const char *bos = NULL, *eos = NULL, *now = NULL;
     bool gen_prompt = true;
     for (int i = 1; i < argc; i++) {
+        if (sb_cli_end_of_options(argc, argv, i, NULL))
+            break;
         if (sb_cli_opt(argc, argv, &i, "-m", &model) || sb_cli_opt(argc, argv, &i, "--model", &model) ||
             sb_cli_opt(argc, argv, &i, "--file", &file) || sb_cli_opt(argc, argv, &i, "--builtin", &builtin) ||
             sb_cli_opt(argc, argv, &i, "--messages", &messages) || sb_cli_opt(argc, argv, &i, "--tools", &tools) ||

@@ -1,6 +1,6 @@
 /*
  * cmd_tokenize.c - `switchboard tokenize -m FILE [--no-bos] [--special]
- * [--pieces] TEXT`: the token ids of TEXT as one JSON array on one line
+ * [--pieces] [--] TEXT`: the token ids of TEXT as one JSON array on one line
  * (with --pieces, an array of [id, "piece"] pairs).
  */
 #include <stdio.h>
@@ -12,10 +12,23 @@
 #include "cli/cli.h"
 #include "switchboard.h"
 
+/* TEXT, the one operand: false, after saying so, for a second one. */
+static bool take_text(const char **text, const char *arg) {
+    if (*text) {
+        fprintf(stderr, "switchboard tokenize: more than one TEXT argument ('%s')\n", arg);
+        return false;
+    }
+    *text = arg;
+    return true;
+}
+
 int sb_cmd_tokenize(int argc, char **argv) {
     const char *model_path = NULL, *text = NULL;
     bool add_bos = true, special = false, pieces = false;
+    int operands = argc;
     for (int i = 1; i < argc; i++) {
+        if (sb_cli_end_of_options(argc, argv, i, &operands))
+            break;
         if (sb_cli_opt(argc, argv, &i, "-m", &model_path) || sb_cli_opt(argc, argv, &i, "--model", &model_path))
             continue;
         if (strcmp(argv[i], "--no-bos") == 0)
@@ -27,15 +40,14 @@ int sb_cmd_tokenize(int argc, char **argv) {
         else if (argv[i][0] == '-' && argv[i][1] != '\0' && !text) {
             fprintf(stderr, "switchboard tokenize: unknown option '%s'\n", argv[i]);
             return SB_EXIT_USAGE;
-        } else if (!text)
-            text = argv[i];
-        else {
-            fprintf(stderr, "switchboard tokenize: more than one TEXT argument ('%s')\n", argv[i]);
+        } else if (!take_text(&text, argv[i]))
             return SB_EXIT_USAGE;
-        }
     }
+    for (int i = operands; i < argc; i++) /* after `--`: text even if it starts with '-' */
+        if (!take_text(&text, argv[i]))
+            return SB_EXIT_USAGE;
     if (!model_path || !text) {
-        fputs("usage: switchboard tokenize -m FILE [--no-bos] [--special] [--pieces] TEXT\n", stderr);
+        fputs("usage: switchboard tokenize -m FILE [--no-bos] [--special] [--pieces] [--] TEXT\n", stderr);
         return SB_EXIT_USAGE;
     }
     sb_model_t *model;

@@ -28,11 +28,14 @@ static const char usage[] =
     "             [--parallel N] [--threads N] [--alias NAME] [--max-batch-tokens N] [--max-body BYTES]\n"
     "             [--max-queue N] [--timeout SECONDS] [--cache-type f32|f16|q8_0] [--quiet]\n"
     "  info       print the metadata and tensor table of a GGUF file:  info FILE\n"
-    "  tokenize   print token ids as a JSON array:  tokenize -m FILE [--no-bos] [--special] [--pieces] TEXT\n"
+    "  tokenize   print token ids as a JSON array:  tokenize -m FILE [--no-bos] [--special] [--pieces] [--] TEXT\n"
     "  template   render a chat template:  template (-m FILE | --file T.jinja | --builtin NAME) --messages M.json\n"
     "             [--tools T.json] [--kwargs K.json] [--no-generation-prompt] [--bos S] [--eos S] [--now TIME]\n"
     "  gen-model  write a random llama model:  gen-model --out FILE [--type f32|f16|bf16|q8_0|q4_0|...]\n"
-    "             [--dim N] [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N] [--seed S]\n";
+    "             [--dim N] [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N] [--seed S]\n"
+    "\n"
+    "'--' ends a command's options: what follows is an operand even if it starts with '-'\n"
+    "(switchboard tokenize -m FILE -- -x).\n";
 
 int sb_cli_error(const char *fmt, ...) {
     va_list ap;
@@ -57,6 +60,20 @@ bool sb_cli_opt(int argc, char **argv, int *i, const char *name, const char **va
     if (*i + 1 >= argc)
         usage_error("option %s needs a value", name);
     *value = argv[++*i];
+    return true;
+}
+
+bool sb_cli_end_of_options(int argc, char **argv, int i, int *operands) {
+    if (strcmp(argv[i], "--") != 0)
+        return false;
+    if (operands)
+        *operands = i + 1;
+    else if (i + 1 < argc) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s: unexpected argument '%.64s' after '--' (this command takes options only)",
+                 argv[0], argv[i + 1]);
+        usage_error("%s", msg);
+    }
     return true;
 }
 

@@ -22,7 +22,6 @@
  * The engine lock guards `incoming`, the cancellation list and the
  * statistics; the forward pass and the callbacks run without it.
  */
-#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
@@ -626,7 +625,6 @@ static void step(sb_engine *e) {
 void sb__engine_step(sb_engine *e) {
     step(e);
     pthread_mutex_lock(&e->lock);
-    e->stats.running = e->n_running;
     e->stats.kv_blocks_used = sb_blocks_n_held(e->blocks);
     pthread_mutex_unlock(&e->lock);
 }

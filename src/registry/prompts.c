@@ -143,14 +143,24 @@ static void format_number(double x, char *buf, size_t cap) {
         snprintf(buf, cap, "%.17g", x);
 }
 
-/* The text of a variable's value (buf holds formatted numbers). */
+/* The text of a variable's value (buf holds formatted numbers): a string,
+ * number or boolean, or OpenAI's {"type": "input_text", "text": ...}; NULL
+ * for anything else. */
 static const char *value_text(const cJSON *v, char *buf, size_t cap) {
     if (cJSON_IsString(v))
         return v->valuestring;
     if (cJSON_IsBool(v))
         return cJSON_IsTrue(v) ? "true" : "false";
-    format_number(v->valuedouble, buf, cap);
-    return buf;
+    if (cJSON_IsNumber(v)) {
+        format_number(v->valuedouble, buf, cap);
+        return buf;
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "type"),
+                *text = cJSON_GetObjectItemCaseSensitive(v, "text");
+    if (cJSON_IsObject(v) && cJSON_IsString(type) && strcmp(type->valuestring, "input_text") == 0 &&
+        cJSON_IsString(text))
+        return text->valuestring;
+    return NULL;
 }
 
 /* The member of obj (NULL allowed) named by the len bytes at name. */
@@ -181,66 +191,81 @@ static void list_variables(const char *t, char *buf, size_t cap) {
         snprintf(buf, cap, "none");
 }
 
-sb_status sb_prompt_render(const sb_regfile_prompt *p, const cJSON *variables, char **out, sb_error *err) {
-    *out = NULL;
-    const char *t = p->template_text;
-    if (variables && !cJSON_IsObject(variables))
+/* The request's variables: an object of values of a kind value_text takes,
+ * each used by the template. */
+static sb_status check_request(const sb_regfile_prompt *p, const cJSON *variables, sb_error *err) {
+    if (!variables)
+        return SB_OK;
+    if (!cJSON_IsObject(variables))
         return sb_fail(err, SB_ERR_INVALID_ARG, "prompt '%s' version '%s': variables must be an object", p->id,
                        p->version);
-    if (variables)
-        for (const cJSON *v = variables->child; v; v = v->next) {
-            if (!cJSON_IsString(v) && !cJSON_IsNumber(v) && !cJSON_IsBool(v))
-                return sb_fail(err, SB_ERR_INVALID_ARG,
-                               "prompt '%s' version '%s': variable '%s' must be a string, number or boolean", p->id,
-                               p->version, v->string);
-            if (!sb_prompt_uses(t, v->string)) {
-                char used[256];
-                list_variables(t, used, sizeof(used));
-                return sb_fail(err, SB_ERR_INVALID_ARG,
-                               "prompt '%s' version '%s': variable '%s' is not used by the template (it uses: %s)",
-                               p->id, p->version, v->string, used);
-            }
-        }
-    /* Two passes over the pieces: the length, then the bytes. */
-    char *buf = NULL;
-    size_t total = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        size_t pos = 0, bad, len = 0;
-        piece pc;
-        int r;
-        while ((r = next_piece(t, &pos, &pc, &bad, err)) > 0) {
-            const char *s = t + pc.start;
-            size_t n = pc.len;
-            char num[64];
-            if (pc.var) {
-                const cJSON *v = find_var(variables, s, n);
-                if (!v)
-                    v = find_var(p->variables, s, n);
-                if (!v) {
-                    sb_free(buf);
-                    return sb_fail(err, SB_ERR_INVALID_ARG,
-                                   "prompt '%s' version '%s': variable '%.*s' (at offset %zu) has no value and no "
-                                   "default",
-                                   p->id, p->version, (int)n, s, pc.offset);
-                }
-                s = value_text(v, num, sizeof(num));
-                n = strlen(s);
-            }
-            if (buf)
-                memcpy(buf + len, s, n);
-            len += n;
-        }
-        if (r < 0) {
-            sb_free(buf);
-            return SB_ERR_INVALID_ARG;
-        }
-        if (pass == 0) {
-            total = len;
-            if (!(buf = sb_malloc(total + 1)))
-                return sb_fail(err, SB_ERR_NOMEM, "prompt '%s': out of memory rendering %zu bytes", p->id, total);
+    for (const cJSON *v = variables->child; v; v = v->next) {
+        char num[64];
+        if (!value_text(v, num, sizeof(num)))
+            return sb_fail(err, SB_ERR_INVALID_ARG,
+                           "prompt '%s' version '%s': variable '%s' must be a string, number, boolean or "
+                           "{\"type\": \"input_text\", \"text\": ...}",
+                           p->id, p->version, v->string);
+        if (!sb_prompt_uses(p->template_text, v->string)) {
+            char used[256];
+            list_variables(p->template_text, used, sizeof(used));
+            return sb_fail(err, SB_ERR_INVALID_ARG,
+                           "prompt '%s' version '%s': variable '%s' is not used by the template (it uses: %s)", p->id,
+                           p->version, v->string, used);
         }
     }
-    buf[total] = '\0';
+    return SB_OK;
+}
+
+/* One pass of rendering: the bytes into buf (NULL: only counted) and their
+ * count into *len. */
+static sb_status expand(const sb_regfile_prompt *p, const cJSON *variables, char *buf, size_t *len, sb_error *err) {
+    const char *t = p->template_text;
+    size_t pos = 0, bad;
+    piece pc;
+    int r;
+    *len = 0;
+    while ((r = next_piece(t, &pos, &pc, &bad, err)) > 0) {
+        const char *s = t + pc.start;
+        size_t n = pc.len;
+        char num[64];
+        if (pc.var) {
+            const cJSON *v = find_var(variables, s, n);
+            if (!v)
+                v = find_var(p->variables, s, n);
+            if (!v)
+                return sb_fail(err, SB_ERR_INVALID_ARG,
+                               "prompt '%s' version '%s': variable '%.*s' (at offset %zu) has no value and no default",
+                               p->id, p->version, (int)n, s, pc.offset);
+            if (!(s = value_text(v, num, sizeof(num)))) /* a default of a prompt built in code */
+                return sb_fail(err, SB_ERR_INVALID_ARG, "prompt '%s' version '%s': variable '%.*s' has no text", p->id,
+                               p->version, (int)pc.len, t + pc.start);
+            n = strlen(s);
+        }
+        if (buf)
+            memcpy(buf + *len, s, n);
+        *len += n;
+    }
+    return r < 0 ? SB_ERR_INVALID_ARG : SB_OK;
+}
+
+sb_status sb_prompt_render(const sb_regfile_prompt *p, const cJSON *variables, char **out, sb_error *err) {
+    *out = NULL;
+    size_t bad, len;
+    sb_error terr;
+    if (sb_prompt_check(p->template_text, &bad, &terr) != SB_OK)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "prompt '%s' version '%s': %s", p->id, p->version, terr.msg);
+    sb_status st = check_request(p, variables, err);
+    if (st || (st = expand(p, variables, NULL, &len, err)))
+        return st;
+    char *buf = sb_malloc(len + 1);
+    if (!buf)
+        return sb_fail(err, SB_ERR_NOMEM, "prompt '%s': out of memory rendering %zu bytes", p->id, len);
+    if ((st = expand(p, variables, buf, &len, err))) {
+        sb_free(buf);
+        return st;
+    }
+    buf[len] = '\0';
     *out = buf;
     return SB_OK;
 }

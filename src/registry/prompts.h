@@ -12,7 +12,8 @@
  *
  * Variable values come from the request's `variables` object first, then the
  * prompt's defaults; strings are inserted as they are, numbers as JSON writes
- * them, booleans as true/false.
+ * them, booleans as true/false, and OpenAI's text input objects
+ * ({"type": "input_text", "text": "..."}) as their text.
  */
 #ifndef SB_REGISTRY_PROMPTS_H
 #define SB_REGISTRY_PROMPTS_H
@@ -28,8 +29,8 @@
  * *out is a NUL-terminated sb_malloc'd string the caller frees with sb_free.
  * Fails (SB_ERR_INVALID_ARG, *out NULL) for a variable with no value, a
  * variable given that the template does not use (a misspelt name would
- * otherwise be silently ignored), a value that is not a string, number or
- * boolean, or `variables` not an object; the message names the prompt and
+ * otherwise be silently ignored), a value of another kind (images and files
+ * included), or `variables` not an object; the message names the prompt and
  * the variable. */
 sb_status sb_prompt_render(const sb_regfile_prompt *p, const cJSON *variables, char **out, sb_error *err);
 

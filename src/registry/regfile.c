@@ -55,7 +55,7 @@ size_t sb__regfile_scan(const char *t, size_t len, size_t *offsets, size_t cap) 
             size_t j = i;
             while (j < len && (unsigned char)t[j] <= ' ')
                 j++;
-            if (j < len && t[j] == ':') { /* a member's name: its value starts the member */
+            if (j < len && t[j] == ':') { /* a member's name: the member is recorded where it starts */
                 key = start;
                 i = j + 1;
                 continue;
@@ -93,7 +93,7 @@ typedef struct reader {
     const cJSON *root;
     const cJSON **model_obj; /* the JSON object of each rf->models[i] */
     const cJSON **route_obj;
-    const cJSON **prompt_obj; /* NULL for built-ins */
+    const cJSON **prompt_obj;
 } reader;
 
 static void offset_line_col(const reader *r, size_t off, int *line, int *col) {
@@ -190,14 +190,20 @@ static sb_status fail_at(reader *r, const cJSON *item, const char *field, sb_sta
 
 /* ---- small helpers -------------------------------------------------------- */
 
-/* "path.key" or "path[i]" in buf (the field names messages use). */
-static const char *field_path(char *buf, size_t cap, const char *path, const char *key) {
-    snprintf(buf, cap, "%s%s%s", path, *path ? "." : "", key);
+/* A field's path for messages ("models[1].context") into buf; one too long is cut. */
+static const char *pathf(char *buf, size_t cap, const char *fmt, ...) SB_PRINTF(3, 4);
+static const char *pathf(char *buf, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
     return buf;
 }
+static const char *field_path(char *buf, size_t cap, const char *path, const char *key) {
+    return pathf(buf, cap, "%s%s%s", path, *path ? "." : "", key);
+}
 static const char *index_path(char *buf, size_t cap, const char *path, size_t i) {
-    snprintf(buf, cap, "%s[%zu]", path, i);
-    return buf;
+    return pathf(buf, cap, "%s[%zu]", path, i);
 }
 
 static const char *kind_of(const cJSON *v) {
@@ -263,7 +269,7 @@ static sb_status get_name(reader *r, const cJSON *v, const char *path, char **ou
         return fail_at(r, v, path, SB_ERR_FORMAT, "name longer than %d bytes", MAX_NAME_BYTES);
     for (size_t i = 0; i < len; i++)
         if ((unsigned char)(*out)[i] < ' ' || (*out)[i] == 0x7f)
-            return fail_at(r, v, path, SB_ERR_FORMAT, "name '%s' contains a control character", *out);
+            return fail_at(r, v, path, SB_ERR_FORMAT, "name contains a control character (byte %zu)", i);
     if ((*out)[0] == ' ' || (*out)[len - 1] == ' ')
         return fail_at(r, v, path, SB_ERR_FORMAT, "name '%s' starts or ends with a space", *out);
     return SB_OK;
@@ -322,34 +328,29 @@ static sb_status get_strings(reader *r, const cJSON *v, const char *path, size_t
     size_t i = 0;
     for (const cJSON *c = v->child; c; c = c->next, i++) {
         const char *p = index_path(buf, sizeof(buf), path, i);
+        *n_out = i + 1; /* counted before it is read: a string read and then refused is freed with the rest */
         st = names ? get_name(r, c, p, &list[i]) : get_string(r, c, p, true, &list[i]);
         if (st)
             return st;
-        *n_out = i + 1;
     }
     return SB_OK;
 }
 
+static bool duration_ms(double ms, bool negative, int64_t *out);
+
 static sb_status get_duration(reader *r, const cJSON *v, const char *path, int64_t *ms) {
-    if (cJSON_IsNumber(v)) {
-        double s = v->valuedouble;
-        if (s < 0) {
-            *ms = SB_REGFILE_FOREVER;
+    if (cJSON_IsNumber(v)) { /* seconds */
+        if (duration_ms(fabs(v->valuedouble) * 1000, v->valuedouble < 0, ms))
             return SB_OK;
-        }
-        if (s * 1000 <= MAX_DURATION_MS) {
-            *ms = (int64_t)llround(s * 1000);
-            return SB_OK;
-        }
-        return fail_at(r, v, path, SB_ERR_FORMAT, "%g seconds is too long", s);
+        return fail_at(r, v, path, SB_ERR_FORMAT, "%g seconds is too long", v->valuedouble);
     }
-    sb_status st = expect_type(r, v, path, cJSON_String, "a duration (\"30s\", \"5m\", \"1h\", \"0\", \"-1\") or seconds");
+    sb_status st =
+        expect_type(r, v, path, cJSON_String, "a duration (\"30s\", \"5m\", \"1h\", \"0\", \"-1\") or seconds");
     if (st)
         return st;
     if (!sb_regfile_parse_duration(v->valuestring, ms))
         return fail_at(r, v, path, SB_ERR_FORMAT,
-                       "bad duration '%s' (expected e.g. \"30s\", \"5m\", \"1h30m\", \"0\" or \"-1\")",
-                       v->valuestring);
+                       "bad duration '%s' (expected e.g. \"30s\", \"5m\", \"1h30m\", \"0\" or \"-1\")", v->valuestring);
     return SB_OK;
 }
 
@@ -371,36 +372,39 @@ static bool plain_number(const char *s, double *out, const char **end) {
     return true;
 }
 
+/* A duration of ms milliseconds (>= 0) with its sign: negative (not -0) is
+ * forever; false when too long to mean anything. */
+static bool duration_ms(double ms, bool negative, int64_t *out) {
+    if (!(ms <= MAX_DURATION_MS))
+        return false;
+    *out = negative && ms > 0 ? SB_REGFILE_FOREVER : (int64_t)llround(ms);
+    return true;
+}
+
 bool sb_regfile_parse_duration(const char *s, int64_t *ms) {
+    static const struct {
+        const char *unit;
+        double ms;
+    } units[] = {{"ms", 1}, {"s", 1000}, {"m", 60e3}, {"h", 3600e3}}; /* "ms" before "m" */
     bool negative = *s == '-';
-    const char *p = s + negative;
+    const char *p = s + negative, *end;
     double total = 0, x;
-    const char *end;
     if (!plain_number(p, &x, &end))
         return false;
-    if (*end == '\0') { /* a bare number: seconds */
-        total = x * 1000;
-    } else {
-        while (*p) {
-            if (!plain_number(p, &x, &end))
-                return false;
-            static const struct {
-                const char *unit;
-                double ms;
-            } units[] = {{"ms", 1}, {"s", 1000}, {"m", 60e3}, {"h", 3600e3}};
-            size_t u = 0;
-            while (u < SB_ARRAY_LEN(units) && strncmp(end, units[u].unit, strlen(units[u].unit)) != 0)
-                u++;
-            if (u == SB_ARRAY_LEN(units))
-                return false;
-            total += x * units[u].ms;
-            p = end + strlen(units[u].unit);
-        }
+    if (*end == '\0') /* a bare number: seconds */
+        return duration_ms(x * 1000, negative, ms);
+    while (*p) {
+        if (!plain_number(p, &x, &end))
+            return false;
+        size_t u = 0;
+        while (u < SB_ARRAY_LEN(units) && strncmp(end, units[u].unit, strlen(units[u].unit)) != 0)
+            u++;
+        if (u == SB_ARRAY_LEN(units))
+            return false;
+        total += x * units[u].ms;
+        p = end + strlen(units[u].unit);
     }
-    if (!(total <= MAX_DURATION_MS))
-        return false;
-    *ms = negative && total > 0 ? SB_REGFILE_FOREVER : (int64_t)llround(total);
-    return true;
+    return duration_ms(total, negative, ms);
 }
 
 /* ---- parameters ----------------------------------------------------------- */
@@ -449,12 +453,12 @@ static sb_status get_params(reader *r, const cJSON *v, const char *path, sb_regf
         const char *p = field_path(buf, sizeof(buf), path, s->key);
         char *dst = (char *)out + s->offset;
         if (s->kind == P_FLOAT) {
-            double x;
+            double x = 0;
             if ((st = get_number(r, m, p, s->min, s->max, s->min_open, &x)))
                 return st;
             *(float *)dst = (float)x;
         } else {
-            int64_t x;
+            int64_t x = 0;
             if ((st = get_int(r, m, p, (int64_t)s->min, (int64_t)s->max, &x)))
                 return st;
             if (s->kind == P_INT32)
@@ -554,16 +558,15 @@ static sb_status parse_price(reader *r, const cJSON *v, const char *path, sb_reg
         (st = get_number(r, x, field_path(buf, sizeof(buf), path, "prompt"), 0, 1e12, false, &m->price_prompt)))
         return st;
     if ((x = member(v, "completion")) &&
-        (st = get_number(r, x, field_path(buf, sizeof(buf), path, "completion"), 0, 1e12, false,
-                         &m->price_completion)))
+        (st = get_number(r, x, field_path(buf, sizeof(buf), path, "completion"), 0, 1e12, false, &m->price_completion)))
         return st;
     return SB_OK;
 }
 
 static sb_status parse_model(reader *r, const cJSON *v, const char *path, sb_regfile_model *m) {
-    static const char *const keys[] = {"name",    "path",          "device",        "aliases",    "context",
-                                       "cache_type", "parallel",   "system_prompt", "chat_template", "keep_alive",
-                                       "pinned",  "price",         "fallback",      "parameters"};
+    static const char *const keys[] = {"name",       "path",     "device",        "aliases",       "context",
+                                       "cache_type", "parallel", "system_prompt", "chat_template", "keep_alive",
+                                       "pinned",     "price",    "fallback",      "parameters"};
     sb_status st = expect_type(r, v, path, cJSON_Object, "an object");
     if (st || (st = check_members(r, v, path, keys, SB_ARRAY_LEN(keys))))
         return st;
@@ -599,8 +602,8 @@ static sb_status parse_model(reader *r, const cJSON *v, const char *path, sb_reg
         if ((st = expect_type(r, x, FIELD("cache_type"), cJSON_String, "a string")))
             return st;
         if (!sb_cache_type_parse(x->valuestring, &m->cache_type))
-            return fail_at(r, x, FIELD("cache_type"), SB_ERR_FORMAT,
-                           "bad cache type '%s' (expected f32, f16 or q8_0)", x->valuestring);
+            return fail_at(r, x, FIELD("cache_type"), SB_ERR_FORMAT, "bad cache type '%s' (expected f32, f16 or q8_0)",
+                           x->valuestring);
         m->has_cache_type = true;
     }
     if ((x = member(v, "parallel"))) {
@@ -747,8 +750,8 @@ static sb_status parse_prompt(reader *r, const cJSON *v, const char *path, sb_re
             return st;
         for (const cJSON *c = x->child; c; c = c->next) {
             if (!cJSON_IsString(c) && !cJSON_IsNumber(c) && !cJSON_IsBool(c))
-                return fail_at(r, c, vpath, SB_ERR_FORMAT, "variable '%s': expected a string, number or boolean, got %s",
-                               c->string, kind_of(c));
+                return fail_at(r, c, vpath, SB_ERR_FORMAT,
+                               "variable '%s': expected a string, number or boolean, got %s", c->string, kind_of(c));
             if (!sb_prompt_uses(p->template_text, c->string))
                 return fail_at(r, c, vpath, SB_ERR_FORMAT, "variable '%s' is not used by the template", c->string);
             for (const cJSON *q = x->child; q != c; q = q->next)
@@ -762,7 +765,6 @@ static sb_status parse_prompt(reader *r, const cJSON *v, const char *path, sb_re
 #undef FIELD
     return p->variables ? SB_OK : SB_ERR_NOMEM;
 }
-
 
 /* ---- names ---------------------------------------------------------------- */
 
@@ -790,14 +792,13 @@ static sb_status build_names(sb_regfile *rf) {
     for (size_t i = 0; i < rf->n_models; i++)
         for (size_t a = 0; a <= rf->models[i].n_aliases; a++) {
             bool own = a == rf->models[i].n_aliases; /* the name last: aliases first is no order anyone reads */
-            rf->names[rf->n_names] = (struct sb_regfile_name){
-                own ? rf->models[i].name : rf->models[i].aliases[a], SB_REGFILE_MODEL, i, own ? SIZE_MAX : a,
-                rf->n_names};
+            rf->names[rf->n_names] = (struct sb_regfile_name){own ? rf->models[i].name : rf->models[i].aliases[a],
+                                                              SB_REGFILE_MODEL, i, own ? SIZE_MAX : a, rf->n_names};
             rf->n_names++;
         }
     for (size_t i = 0; i < rf->n_routes; i++, rf->n_names++)
-        rf->names[rf->n_names] = (struct sb_regfile_name){rf->routes[i].name, SB_REGFILE_ROUTE, i, SIZE_MAX,
-                                                          rf->n_names};
+        rf->names[rf->n_names] =
+            (struct sb_regfile_name){rf->routes[i].name, SB_REGFILE_ROUTE, i, SIZE_MAX, rf->n_names};
     qsort(rf->names, rf->n_names, sizeof(*rf->names), cmp_name);
     return SB_OK;
 }
@@ -923,8 +924,8 @@ static sb_status check_references(reader *r) {
         for (size_t e = 0; e < node_edges(rf, node); e++) {
             const char *ref = edge_ref(r, node, e, &item, path, sizeof(path));
             if (node_of(rf, ref) == SIZE_MAX)
-                return fail_at(r, item, path, SB_ERR_FORMAT, "unknown model '%s' (no model, alias or route has that name)",
-                               ref);
+                return fail_at(r, item, path, SB_ERR_FORMAT,
+                               "unknown model '%s' (no model, alias or route has that name)", ref);
         }
     for (size_t i = 0; i < rf->n_prompts; i++)
         if (rf->prompts[i].model && node_of(rf, rf->prompts[i].model) == SIZE_MAX) {
@@ -955,8 +956,8 @@ static sb_status report_loop(reader *r, const size_t (*stack)[2], size_t depth, 
         size_t target = node_of(rf, ref);
         const char *canonical = node_name(rf, target);
         if (len < sizeof(chain))
-            len += (size_t)snprintf(chain + len, sizeof(chain) - len, strcmp(ref, canonical) ? " -> %s (alias of %s)" : " -> %s",
-                                    ref, canonical);
+            len += (size_t)snprintf(chain + len, sizeof(chain) - len,
+                                    strcmp(ref, canonical) ? " -> %s (alias of %s)" : " -> %s", ref, canonical);
         *(node < rf->n_models ? &fallbacks : &routes) = true;
     }
     const cJSON *item;
@@ -964,7 +965,10 @@ static sb_status report_loop(reader *r, const size_t (*stack)[2], size_t depth, 
     size_t top = depth - 1;
     edge_ref(r, stack[top][0], stack[top][1] - 1, &item, path, sizeof(path));
     return fail_at(r, item, path, SB_ERR_FORMAT, "%s loop: %s",
-                   fallbacks && routes ? "fallback and route" : fallbacks ? "fallback" : "route", chain);
+                   fallbacks && routes ? "fallback and route"
+                   : fallbacks         ? "fallback"
+                                       : "route",
+                   chain);
 }
 
 /* A request follows fallbacks (a model that fails to load) and routes (a
@@ -973,7 +977,7 @@ static sb_status report_loop(reader *r, const size_t (*stack)[2], size_t depth, 
 static sb_status check_loops(reader *r) {
     const sb_regfile *rf = r->rf;
     size_t n = rf->n_models + rf->n_routes;
-    unsigned char *state = sb_calloc(n + 1, 1); /* 0 unseen, 1 on the stack, 2 done */
+    unsigned char *state = sb_calloc(n + 1, 1);           /* 0 unseen, 1 on the stack, 2 done */
     size_t(*stack)[2] = sb_calloc(n + 1, sizeof(*stack)); /* node, next edge */
     sb_status st = state && stack ? SB_OK : SB_ERR_NOMEM;
     for (size_t start = 0; start < n && st == SB_OK; start++) {
@@ -1124,8 +1128,7 @@ static sb_status parse_entries(reader *r, bool registry) {
         }
     }
     if ((x = member(root, "prompts"))) {
-        if ((st = alloc_entries(r, x, "prompts", sizeof(sb_regfile_prompt), (void **)&rf->prompts, &n,
-                                &r->prompt_obj)))
+        if ((st = alloc_entries(r, x, "prompts", sizeof(sb_regfile_prompt), (void **)&rf->prompts, &n, &r->prompt_obj)))
             return st;
         for (const cJSON *c = x->child; c; c = c->next) {
             r->prompt_obj[rf->n_prompts] = c;
@@ -1229,8 +1232,11 @@ static sb_status read_entries(reader *r, bool registry, cJSON **root) {
 /* Appends the built-in prompts whose ids rf's own prompts do not use. */
 static sb_status add_builtins(sb_regfile *rf, sb_error *err) {
     sb_regfile tmp = {0};
-    reader r = {.text = sb_prompt_builtin_json, .len = strlen(sb_prompt_builtin_json), .name = "built-in prompts",
-                .err = err, .rf = &tmp};
+    reader r = {.text = sb_prompt_builtin_json,
+                .len = strlen(sb_prompt_builtin_json),
+                .name = "built-in prompts",
+                .err = err,
+                .rf = &tmp};
     cJSON *root;
     sb_status st = read_entries(&r, false, &root);
     if (!st)
@@ -1428,8 +1434,8 @@ sb_status sb_regfile_from_dir(const char *dir, sb_regfile **out, sb_error *err) 
     *out = NULL;
     DIR *d = opendir(dir);
     if (!d)
-        return sb_fail(err, errno == ENOENT ? SB_ERR_NOT_FOUND : SB_ERR_IO, "cannot read model directory '%s': %s",
-                       dir, strerror(errno));
+        return sb_fail(err, errno == ENOENT ? SB_ERR_NOT_FOUND : SB_ERR_IO, "cannot read model directory '%s': %s", dir,
+                       strerror(errno));
     sb_regfile *rf = sb_calloc(1, sizeof(*rf));
     size_t cap = 0, stem;
     sb_status st = rf ? SB_OK : SB_ERR_NOMEM;

@@ -125,27 +125,27 @@ typedef struct sb_regfile_file_id {
 } sb_regfile_file_id;
 
 typedef struct sb_regfile_model {
-    char *name;                  /* owned; never NULL */
-    char *path;                  /* owned; resolved against the registry's directory */
-    sb_regfile_file_id file;     /* of path, at read time */
-    char *device;                /* owned; "cpu" */
-    char **aliases;              /* n_aliases owned strings */
+    char *name;              /* owned; never NULL */
+    char *path;              /* owned; resolved against the registry's directory */
+    sb_regfile_file_id file; /* of path, at read time */
+    char *device;            /* owned; "cpu" */
+    char **aliases;          /* n_aliases owned strings */
     size_t n_aliases;
-    int32_t context;             /* 0 = the model's trained context */
-    bool has_cache_type;         /* false: the server's default */
+    int32_t context;     /* 0 = the model's trained context */
+    bool has_cache_type; /* false: the server's default */
     sb_cache_type cache_type;
-    int32_t parallel;            /* 0 = the server's default */
-    char *system_prompt;         /* owned; NULL = none */
-    char *chat_template;         /* owned, resolved path; NULL = the GGUF's own */
+    int32_t parallel;                      /* 0 = the server's default */
+    char *system_prompt;                   /* owned; NULL = none */
+    char *chat_template;                   /* owned, resolved path; NULL = the GGUF's own */
     sb_regfile_file_id chat_template_file; /* of chat_template, when set */
-    bool has_keep_alive;         /* false: the server's default */
-    int64_t keep_alive_ms;       /* SB_REGFILE_FOREVER, 0 (unload when idle) or milliseconds */
+    bool has_keep_alive;                   /* false: the server's default */
+    int64_t keep_alive_ms;                 /* SB_REGFILE_FOREVER, 0 (unload when idle) or milliseconds */
     bool pinned;
-    double price_prompt;         /* per million prompt tokens; 0 if not given */
-    double price_completion;     /* per million completion tokens; 0 if not given */
-    char *fallback;              /* owned; NULL = none; resolves (sb_regfile_resolve) */
+    double price_prompt;     /* per million prompt tokens; 0 if not given */
+    double price_completion; /* per million completion tokens; 0 if not given */
+    char *fallback;          /* owned; NULL = none; resolves (sb_regfile_resolve) */
     sb_regfile_params params;
-    int line;                    /* of the entry in the file; 0 when not from a file */
+    int line; /* of the entry in the file; 0 when not from a file */
 } sb_regfile_model;
 
 typedef struct sb_regfile_split {
@@ -154,23 +154,23 @@ typedef struct sb_regfile_split {
 } sb_regfile_split;
 
 typedef struct sb_regfile_route {
-    char *name;               /* owned */
-    sb_regfile_split *split;  /* n_split entries (owned) */
+    char *name;              /* owned */
+    sb_regfile_split *split; /* n_split entries (owned) */
     size_t n_split;
-    double total_weight;      /* > 0 */
+    double total_weight; /* > 0 */
     int line;
 } sb_regfile_route;
 
 typedef struct sb_regfile_prompt {
-    char *id;                 /* owned */
-    char *version;            /* owned; "1" when the file gave none */
-    char *description;        /* owned; "" when the file gave none */
-    char *template_text;      /* owned; "{{name}}" placeholders, see prompts.h */
-    char *model;              /* owned; NULL = the request's model */
+    char *id;            /* owned */
+    char *version;       /* owned; "1" when the file gave none */
+    char *description;   /* owned; "" when the file gave none */
+    char *template_text; /* owned; "{{name}}" placeholders, see prompts.h */
+    char *model;         /* owned; NULL = the request's model */
     sb_regfile_params params;
-    cJSON *variables;         /* owned object of default values (strings, numbers, booleans); never NULL */
-    bool builtin;             /* from the built-in library (prompts.c), not the file */
-    int line;                 /* 0 for built-ins */
+    cJSON *variables; /* owned object of default values (strings, numbers, booleans); never NULL */
+    bool builtin;     /* from the built-in library (prompts.c), not the file */
+    int line;         /* 0 for built-ins */
 } sb_regfile_prompt;
 
 typedef struct sb_regfile {

@@ -74,8 +74,7 @@ struct sb_threadpool {
     _Atomic(sb_chunk_fn) fn;
     _Atomic(void *) arg;
     _Atomic int64_t n_chunks;
-    range *ranges;       /* n_threads, in ranges_mem */
-    void *ranges_mem;
+    range *ranges;       /* n_threads */
     _Alignas(64) _Atomic int64_t done; /* chunks finished, added by each thread once per loop */
 
     _Atomic uint32_t seq; /* 2 * generation, odd while a loop is written */
@@ -160,16 +159,18 @@ sb_status sb_threadpool_create(int n_threads, sb_threadpool **out, sb_error *err
     *out = NULL;
     if (n_threads < 1 || n_threads > 1024)
         return sb_fail(err, SB_ERR_INVALID_ARG, "thread count %d is not in 1..1024", n_threads);
-    sb_threadpool *tp = sb_calloc(1, sizeof(*tp));
-    if (!tp)
-        return sb_fail(err, SB_ERR_NOMEM, "out of memory");
-    tp->n_threads = 1;
-    tp->ranges_mem = sb_calloc((size_t)n_threads + 1, sizeof(range));
-    if (!tp->ranges_mem) {
-        sb_free(tp);
+    /* Both hold cache-line aligned members, beyond what malloc promises. */
+    sb_threadpool *tp = sb_aligned_alloc(_Alignof(sb_threadpool), sizeof(*tp));
+    range *ranges = sb_aligned_alloc(_Alignof(range), (size_t)n_threads * sizeof(range));
+    if (!tp || !ranges) {
+        sb_aligned_free(tp);
+        sb_aligned_free(ranges);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory");
     }
-    tp->ranges = (range *)sb_align_up((uintptr_t)tp->ranges_mem, sizeof(range));
+    memset(tp, 0, sizeof(*tp));
+    memset(ranges, 0, (size_t)n_threads * sizeof(range));
+    tp->n_threads = 1;
+    tp->ranges = ranges;
     pthread_mutex_init(&tp->lock, NULL);
     pthread_cond_init(&tp->wake, NULL);
     if (n_threads > 1) {
@@ -228,8 +229,8 @@ void sb_threadpool_free(sb_threadpool *tp) {
     pthread_mutex_destroy(&tp->lock);
     pthread_cond_destroy(&tp->wake);
     sb_free(tp->workers);
-    sb_free(tp->ranges_mem);
-    sb_free(tp);
+    sb_aligned_free(tp->ranges);
+    sb_aligned_free(tp);
 }
 
 int sb_threadpool_n_threads(const sb_threadpool *tp) { return tp ? tp->n_threads : 1; }

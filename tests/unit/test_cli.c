@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
+#include "cli/cli.h"
 #include "gguf/gguf.h"
 #include "model/synth.h"
 #include "testutil.h"
@@ -116,6 +117,23 @@ static void test_f16_cache_greedy(void **state) {
         assert_true(cJSON_Compare(cJSON_GetObjectItem(got, "gen_ids"), cJSON_GetObjectItem(run, "gen_ids"), true));
         cJSON_Delete(got);
     }
+    free(path);
+}
+
+/* The library only hands its warnings to a log callback; the CLI's prints
+ * them on stderr. */
+static void test_library_warning_printed(void **state) {
+    (void)state;
+    char *path = fixture_path("stories260K.gguf");
+    const char *args[] = {"run", "-m", path, "-p", "Once", "-n", "2", "--temp", "0", NULL};
+    char *out, *err;
+    setenv("SB_CPU", "sse9", 1);
+    int rc = sb_test_run_cli(args, &out, &err);
+    unsetenv("SB_CPU");
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(err, "switchboard: warning: SB_CPU=sse9 is not scalar, avx2 or avx512; using "));
+    free(out);
+    free(err);
     free(path);
 }
 
@@ -236,6 +254,65 @@ static void test_tokenize_command(void **state) {
     free(path);
 }
 
+/* Runs the command and checks its exit status and that stderr holds `want_err` (if not NULL); returns stdout. */
+static char *run_cli_expect(const char *const *args, int want_rc, const char *want_err) {
+    char *out, *err;
+    int rc = sb_test_run_cli(args, &out, &err);
+    if (rc != want_rc || (want_err && !strstr(err, want_err)))
+        fail_msg("switchboard %s ... exited %d (wanted %d), stderr: %s", args[0], rc, want_rc, err);
+    free(err);
+    return out;
+}
+
+/* `--` ends every command's options: after it, "-x" is text, not an option. */
+static void test_end_of_options(void **state) {
+    (void)state;
+    char *path = fixture_path("stories260K.gguf");
+    sb_model_t *model;
+    sb_error e;
+    assert_int_equal(sb_model_load(path, &model, &e), SB_OK);
+    int32_t ids[16];
+    size_t n;
+    assert_int_equal(sb_tokenize(model, "-x", 2, true, false, ids, 16, &n, &e), SB_OK);
+    sb_model_free(model);
+    char want[128] = "[";
+    for (size_t i = 0; i < n; i++)
+        snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s%d", i ? "," : "", ids[i]);
+    strcat(want, "]\n");
+
+    const char *dash[] = {"tokenize", "-m", path, "--", "-x", NULL};
+    char *out = run_cli_expect(dash, 0, NULL);
+    assert_string_equal(out, want);
+    free(out);
+    const char *opts_first[] = {"tokenize", "--pieces", "-m", path, "--no-bos", "--", "--", NULL};
+    free(run_cli_expect(opts_first, 0, NULL)); /* a second `--` is the text */
+    const char *no_dashes[] = {"tokenize", "-m", path, "-x", NULL};
+    free(run_cli_expect(no_dashes, SB_EXIT_USAGE, "unknown option '-x'"));
+    const char *two[] = {"tokenize", "-m", path, "--", "-x", "-y", NULL};
+    free(run_cli_expect(two, SB_EXIT_USAGE, "more than one TEXT argument ('-y')"));
+    /* an option's value may be "--": it does not end the options */
+    const char *value[] = {"run", "-m", path, "-p", "--", "-n", "1", "--temp", "0", "--json", NULL};
+    out = run_cli_expect(value, 0, NULL);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "gen_ids")), 1);
+    cJSON_Delete(j);
+    free(out);
+    const char *trailing[] = {"run", "-m", path, "-p", "hi", "-n", "1", "--json", "--", NULL};
+    free(run_cli_expect(trailing, 0, NULL));
+    const char *info[] = {"info", "--", path, NULL};
+    free(run_cli_expect(info, 0, NULL));
+    /* commands without operands refuse one after `--`, by name */
+    static const char *const commands[] = {"run", "bench", "serve", "template", "gen-model"};
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+        const char *args[] = {commands[i], "--", "-x", NULL};
+        char msg[128];
+        snprintf(msg, sizeof(msg), "%s: unexpected argument '-x' after '--'", commands[i]);
+        free(run_cli_expect(args, SB_EXIT_USAGE, msg));
+    }
+    free(path);
+}
+
 static void test_gen_model_runs(void **state) {
     (void)state;
     char path[512];
@@ -261,10 +338,12 @@ int main(void) {
         cmocka_unit_test(test_greedy_matches_llamacpp),
         cmocka_unit_test(test_llama2c_story),
         cmocka_unit_test(test_f16_cache_greedy),
+        cmocka_unit_test(test_library_warning_printed),
         cmocka_unit_test(test_info_every_fixture),
         cmocka_unit_test(test_run_errors),
         cmocka_unit_test(test_command_help),
         cmocka_unit_test(test_tokenize_command),
+        cmocka_unit_test(test_end_of_options),
         cmocka_unit_test(test_gen_model_runs),
     };
     return cmocka_run_group_tests(tests, load_expected, free_expected);
