@@ -17,7 +17,8 @@
 static const char serve_usage[] =
     "usage: switchboard serve -m FILE [--host 127.0.0.1] [--port 8080] [--ctx N] [--parallel N] [--threads N]\n"
     "                         [--alias NAME] [--max-batch-tokens N] [--max-body BYTES] [--max-queue N]\n"
-    "                         [--timeout SECONDS] [--cache-type f32|f16|q8_0 (f16)] [--quiet]\n";
+    "                         [--timeout SECONDS] [--cache-type f32|f16|q8_0 (f16)] [--quiet]\n"
+    "                         [--max-connections N (1024)] [--header-timeout SECONDS (10)] [--body-timeout SECONDS (60)]\n";
 
 static void log_line(void *user, const char *line) { fprintf(stderr, "switchboard serve: %s\n", line); }
 
@@ -53,6 +54,12 @@ int sb_cmd_serve(int argc, char **argv) {
             p.engine.cache_type = sb_cli_cache_type("--cache-type", v);
         else if (sb_cli_opt(argc, argv, &i, "--timeout", &v))
             p.timeout_s = (uint32_t)sb_cli_int("--timeout", v, 1, 86400);
+        else if (sb_cli_opt(argc, argv, &i, "--max-connections", &v))
+            p.max_connections = (uint32_t)sb_cli_int("--max-connections", v, 1, 1 << 20);
+        else if (sb_cli_opt(argc, argv, &i, "--header-timeout", &v))
+            p.header_timeout_s = (uint32_t)sb_cli_int("--header-timeout", v, 1, 86400);
+        else if (sb_cli_opt(argc, argv, &i, "--body-timeout", &v))
+            p.body_timeout_s = (uint32_t)sb_cli_int("--body-timeout", v, 1, 86400);
         else if (strcmp(argv[i], "--quiet") == 0)
             quiet = true;
         else {

@@ -26,6 +26,7 @@ struct sb_srv {
     sb_srv_params p;      /* as given (strings borrowed); host defaulted */
     char *id;             /* the model's public name (owned) */
     struct MHD_Daemon *daemon;
+    struct sb_srv_door *door; /* the listening socket and heads still arriving (door.c) */
     uint16_t port;
     int64_t created;      /* unix time the server started: the model object's "created" */
 
