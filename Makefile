@@ -59,6 +59,7 @@ serve: demo
 
 test: test-deps build asan fuzz-build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@grep -h "^SKIPPED:" $(BUILD)/Testing/Temporary/LastTest.log || true
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -L 'unit|server'
 	@cmake $(FUZZ_BUILD) -DSB_FUZZ_SECONDS=3 >/dev/null
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -j $(JOBS) -L fuzz
