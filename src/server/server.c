@@ -75,6 +75,7 @@ typedef struct http_req {
     bool method_ok;
     bool answered;       /* a response was queued */
     bool too_large;      /* the body passes max_body: what comes is dropped, then 413 */
+    bool close;          /* the answer closes the connection (where the next request starts is unclear) */
     uint64_t received;   /* body bytes so far */
     sb_srv_buf body;
     double t_start;
@@ -94,7 +95,7 @@ static enum MHD_Result respond(sb_srv *srv, struct MHD_Connection *conn, http_re
                                const char *url, unsigned status, struct MHD_Response *response) {
     if (!response)
         return MHD_NO;
-    if (sb_srv_door_busy(srv->door)) /* under load the next request comes through the door */
+    if (q->close || sb_srv_door_busy(srv->door)) /* under load the next request comes through the door */
         MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result r = MHD_queue_response(conn, status, response);
     MHD_destroy_response(response);
@@ -283,6 +284,18 @@ static const route *find_route(const char *url) {
 
 /* ---- libmicrohttpd callbacks ----------------------------------------------- */
 
+/* Collects a request's Content-Length values: lens[0] the first, lens[1] one that differs. */
+static enum MHD_Result find_lengths(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    const char **lens = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        if (!lens[0])
+            lens[0] = value;
+        else if (strcmp(lens[0], value) != 0)
+            lens[1] = value;
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size,
                                   void **con_cls) {
@@ -298,6 +311,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         /* HEAD on a GET route answers as GET; libmicrohttpd leaves the body out. */
         q->method_ok = q->route && (strcmp(method, q->route->method) == 0 ||
                                     (strcmp(method, "HEAD") == 0 && strcmp(q->route->method, "GET") == 0));
+        /* The door checks a connection's first head; this, those after it on a kept-alive one. */
+        const char *lens[2] = {NULL, NULL};
+        MHD_get_connection_values(conn, MHD_HEADER_KIND, find_lengths, lens);
+        if (lens[1]) {
+            sb_oai_err e;
+            sb_oai_err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_request", NULL,
+                           "the request has two different Content-Length headers");
+            q->close = true;
+            return respond_error(srv, conn, q, method, url, &e);
+        }
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         const char *expect = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
         unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;

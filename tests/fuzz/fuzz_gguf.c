@@ -47,6 +47,8 @@ static void walk(const sb_gguf *g) {
         }
     }
     for (uint64_t i = 0; i < g->n_tensors; i++) {
+        if (memchr(g->tensors[i].name.ptr, '\0', g->tensors[i].name.len))
+            continue; /* a name with a NUL inside cannot be asked for as a C string */
         char name[300];
         snprintf(name, sizeof name, "%.*s", (int)g->tensors[i].name.len, g->tensors[i].name.ptr);
         if (sb_gguf_find_tensor(g, name) != &g->tensors[i])

@@ -233,3 +233,14 @@ test('1,000 trickling sockets do not slow a normal client', async () => {
   assert.ok(loaded <= Math.max(2 * quiet, quiet + 25), `p99 ${loaded} ms vs ${quiet} ms quiet`);
   assert.ok(closedAfter < HEADER_TIMEOUT_S + 2, `trickling sockets closed after ${closedAfter} s`);
 });
+
+test('D5: conflicting Content-Length on a kept-alive connection\'s second request', async () => {
+  const body = JSON.stringify({ model: MODEL_ID, prompt: 'x', max_tokens: 1 });
+  const first = `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ${body.length}\r\n\r\n${body}`;
+  const second = `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ${body.length}\r\nContent-Length: 2\r\n\r\n${body}`;
+  const { got, closed } = await rawExchange(srv.port, first + second, 8000);
+  assert.ok(closed, 'the connection stays open after an ambiguous request');
+  const statuses = [...got.matchAll(/HTTP\/1\.1 (\d+)/g)].map((m) => Number(m[1]));
+  assert.deepEqual(statuses, [200, 400]);
+  assert.match(got, /two different Content-Length headers/);
+});
