@@ -88,7 +88,7 @@ sb_status sb_srv_door_open(sb_srv *srv, const struct sockaddr *addr, socklen_t l
     if (d->listen_fd < 0 || setsockopt(d->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
         bind(d->listen_fd, addr, len) != 0 || listen(d->listen_fd, 4096) != 0 || pipe2(d->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
         int e = errno;
-        sb_srv_door_close(d);
+        sb_srv_door_free(d);
         return sb_fail(err, SB_ERR_IO, "server: cannot listen on %s:%u: %s", srv->p.host, (unsigned)srv->p.port,
                        strerror(e));
     }
@@ -364,7 +364,7 @@ sb_status sb_srv_door_run(sb_srv_door *d, struct MHD_Daemon *daemon, sb_error *e
     return SB_OK;
 }
 
-void sb_srv_door_close(sb_srv_door *d) {
+void sb_srv_door_stop(sb_srv_door *d) {
     if (!d)
         return;
     if (d->running) {
@@ -372,14 +372,24 @@ void sb_srv_door_close(sb_srv_door *d) {
         ssize_t w = write(d->wake[1], "x", 1);
         (void)w;
         pthread_join(d->thread, NULL);
+        d->running = false;
     }
     for (size_t i = 0; i < d->n_guests; i++)
         close(d->guests[i].fd);
+    d->n_guests = 0;
     for (int i = 0; i < 2; i++)
         if (d->wake[i] >= 0)
             close(d->wake[i]);
+    d->wake[0] = d->wake[1] = -1;
     if (d->listen_fd >= 0)
         close(d->listen_fd);
+    d->listen_fd = -1;
+}
+
+void sb_srv_door_free(sb_srv_door *d) {
+    if (!d)
+        return;
+    sb_srv_door_stop(d);
     sb_free(d->guests);
     sb_free(d->peek);
     sb_free(d);

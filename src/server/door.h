@@ -29,6 +29,9 @@ bool sb_srv_door_busy(const sb_srv_door *d);
 void sb_srv_door_on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                                enum MHD_ConnectionNotificationCode toe);
 /* Stops accepting and closes what waits at the door (before MHD_stop_daemon). NULL is a no-op. */
-void sb_srv_door_close(sb_srv_door *d);
+void sb_srv_door_stop(sb_srv_door *d);
+/* Stops (if still running) and frees, after MHD_stop_daemon: libmicrohttpd
+ * reports closed connections to sb_srv_door_on_connection until then. */
+void sb_srv_door_free(sb_srv_door *d);
 
 #endif

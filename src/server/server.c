@@ -550,9 +550,10 @@ void sb_srv_stop(sb_srv *srv) {
     pthread_rwlock_unlock(&srv->engine_lock);
     /* Cancels what runs: waiting connection threads get their DONE events and finish. */
     sb_engine_free(engine);
-    sb_srv_door_close(srv->door);
+    sb_srv_door_stop(srv->door);
     if (srv->daemon)
         MHD_stop_daemon(srv->daemon);
+    sb_srv_door_free(srv->door);
     sb_chat_free(srv->chat);
     sb_model_free(srv->model);
     pthread_rwlock_destroy(&srv->engine_lock);
