@@ -370,8 +370,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return respond_error(srv, conn, q, method, url, &e);
     }
     if (!q->route) {
-        sb_oai_err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "unknown_url", NULL,
-                       "Invalid URL (%.20s %.200s)", method, url);
+        char quoted[216];
+        sb_oai_err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "unknown_url", NULL, "Invalid URL (%.20s %s)",
+                       method, sb_oai_quote(url, strlen(url), 200, quoted, sizeof quoted));
         return respond_error(srv, conn, q, method, url, &e);
     }
     if (!q->method_ok) {

@@ -245,3 +245,9 @@ test('D5: conflicting Content-Length on a kept-alive connection\'s second reques
   assert.deepEqual(statuses, [200, 400]);
   assert.match(got, /two different Content-Length headers/);
 });
+
+test('D3: an unknown URL is quoted as valid UTF-8, cut between characters', async () => {
+  const r = await rawError(`GET /${'%C3%A9'.repeat(150)}%FF HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`);
+  assert.equal(r.status, 404);
+  assert.match(r.json.error.message, new RegExp(`^Invalid URL \\(GET /${'é'.repeat(99)}\\.\\.\\.\\)$`));
+});
