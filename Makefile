@@ -4,11 +4,15 @@
 #                 the OpenAI-compatible API on http://127.0.0.1:8080 (MODEL=path.gguf for one model,
 #                 REGISTRY=models.json or a directory of .gguf files for your own)
 #   make run    - install dependencies, build, generate the demo model, generate text
-#   make test   - build and run the whole suite, then the unit tests under ASan+UBSan
+#   make test   - build and run the whole suite, then the unit tests under ASan+UBSan,
+#                 then each fuzz harness for a few seconds
+#   make fuzz   - run each libFuzzer harness (tests/fuzz/) for FUZZ_SECONDS (default 60)
 
 JOBS ?= $(shell nproc)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
 DEMO_MODEL ?= demo/demo-q8_0.gguf
 PROMPT ?= Once upon a time
 MODEL ?=
@@ -16,7 +20,7 @@ REGISTRY ?= models/demo.json
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: all deps test-deps build asan run serve test demo clean
+.PHONY: all deps test-deps build asan fuzz-build fuzz run serve test demo clean
 
 all: build
 
@@ -35,6 +39,15 @@ asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSB_SANITIZE=ON -DSB_WERROR=ON >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
+# The harnesses, built by clang in a directory of their own (the main build is gcc).
+fuzz-build: deps
+	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSB_FUZZ=ON >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
+
+fuzz: fuzz-build
+	@cmake $(FUZZ_BUILD) -DSB_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz
+
 $(DEMO_MODEL): | build
 	@mkdir -p $(dir $(DEMO_MODEL))
 	$(BUILD)/switchboard gen-model --out $(DEMO_MODEL) --type q8_0 --dim 256 --hidden 768 --layers 4 --heads 8 --kv-heads 4 --vocab 512 --ctx 1024 --seed 42
@@ -47,9 +60,12 @@ run: demo
 serve: demo
 	$(BUILD)/switchboard serve $(if $(MODEL),-m $(MODEL),--models $(REGISTRY)) --host $(HOST) --port $(PORT)
 
-test: test-deps build asan
+test: test-deps build asan fuzz-build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@grep -h "^SKIPPED:" $(BUILD)/Testing/Temporary/LastTest.log || true
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -L 'unit|server'
+	@cmake $(FUZZ_BUILD) -DSB_FUZZ_SECONDS=3 >/dev/null
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -j $(JOBS) -L fuzz
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) demo
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) demo

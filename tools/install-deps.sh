@@ -6,7 +6,8 @@
 #   --no-npm   skip the npm peers (enough to build and run switchboard)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(build-essential cmake pkg-config libcmocka-dev libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev)
+pkgs=(build-essential cmake pkg-config libcmocka-dev libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
+      clang libclang-rt-14-dev) # clang and its libFuzzer runtime: the fuzz harnesses (tests/fuzz/)
 # Test tools: promtool (in Debian's prometheus package) lints the /metrics exposition.
 [ "${1:-}" = "--no-npm" ] || pkgs+=(prometheus)
 [ "${1:-}" = "--no-npm" ] || command -v npm >/dev/null || pkgs+=(nodejs npm)

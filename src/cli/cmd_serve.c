@@ -22,7 +22,8 @@ static const char serve_usage[] =
     "                         [--memory-budget SIZE[K|M|G]] [--keep-alive DURATION (5m)] [--no-watch]\n"
     "                         [--ctx N (the model's trained context)] [--parallel N] [--threads N]\n"
     "                         [--max-batch-tokens N] [--max-body BYTES] [--max-queue N]\n"
-    "                         [--timeout SECONDS] [--cache-type f32|f16|q8_0 (f16)] [--quiet]\n";
+    "                         [--timeout SECONDS] [--cache-type f32|f16|q8_0 (f16)] [--quiet]\n"
+    "                         [--max-connections N (1024)] [--header-timeout SECONDS (10)] [--body-timeout SECONDS (60)]\n";
 
 /* "8G", "512M", "100000": bytes; exits with a usage error otherwise. */
 static size_t parse_size(const char *opt, const char *v) {
@@ -94,6 +95,12 @@ int sb_cmd_serve(int argc, char **argv) {
             p.engine.cache_type = sb_cli_cache_type("--cache-type", v);
         else if (sb_cli_opt(argc, argv, &i, "--timeout", &v))
             p.timeout_s = (uint32_t)sb_cli_int("--timeout", v, 1, 86400);
+        else if (sb_cli_opt(argc, argv, &i, "--max-connections", &v))
+            p.max_connections = (uint32_t)sb_cli_int("--max-connections", v, 1, 1 << 20);
+        else if (sb_cli_opt(argc, argv, &i, "--header-timeout", &v))
+            p.header_timeout_s = (uint32_t)sb_cli_int("--header-timeout", v, 1, 86400);
+        else if (sb_cli_opt(argc, argv, &i, "--body-timeout", &v))
+            p.body_timeout_s = (uint32_t)sb_cli_int("--body-timeout", v, 1, 86400);
         else if (strcmp(argv[i], "--quiet") == 0)
             quiet = true;
         else {

@@ -70,6 +70,12 @@ typedef struct sb_gguf_tensor {
     uint64_t info_offset; /* file offset of the tensor's header entry */
 } sb_gguf_tensor;
 
+/* Names to entries (see gguf_read.c): slot = entry index + 1, 0 empty. */
+typedef struct sb_gguf_index {
+    uint64_t *slots;
+    uint64_t cap; /* a power of two */
+} sb_gguf_index;
+
 typedef struct sb_gguf {
     uint32_t version;
     uint64_t n_kv;
@@ -81,6 +87,7 @@ typedef struct sb_gguf {
     const uint8_t *base;  /* the mapping (or caller buffer) */
     uint64_t size;
     bool mapped; /* base came from mmap (the file's, or a private copy's) and is unmapped on close */
+    sb_gguf_index kv_index, tensor_index;
 } sb_gguf;
 
 /* Maps and parses `path`. On failure *out is NULL and err names the problem. */
@@ -94,7 +101,7 @@ size_t sb_gguf_resident_bytes(const sb_gguf *gguf);
 sb_status sb_gguf_open_memory(const void *data, uint64_t size, sb_gguf **out, sb_error *err);
 void sb_gguf_close(sb_gguf *gguf);
 
-/* Lookup; NULL if absent. Linear in the number of keys / tensors (tens). */
+/* Lookup by name (hashed); NULL if absent. */
 const sb_gguf_kv *sb_gguf_find(const sb_gguf *gguf, const char *key);
 const sb_gguf_tensor *sb_gguf_find_tensor(const sb_gguf *gguf, const char *name);
 
@@ -116,7 +123,8 @@ sb_status sb_gguf_get_bool_or(const sb_gguf *gguf, const char *key, bool def, bo
  * walking with sb_gguf_arr_strings (which fills n slices, n = *count). */
 sb_status sb_gguf_get_arr(const sb_gguf *gguf, const char *key, sb_gguf_vtype elem, const sb_gguf_kv **out,
                           sb_error *err);
-/* Element i of a numeric array as int64 / double (any numeric type). */
+/* Element i of a numeric array as int64 / double (any numeric type; a
+ * float as int64 goes toward zero, saturating; NaN gives INT64_MIN). */
 int64_t sb_gguf_arr_i64(const sb_gguf_kv *kv, uint64_t i);
 double sb_gguf_arr_f64(const sb_gguf_kv *kv, uint64_t i);
 /* Fills out[0..kv->arr_n) with the strings of a (validated) string array. */

@@ -176,6 +176,7 @@ static sb_status parse(sb_gguf *g, sb_error *err, bool fill) {
                        (unsigned long long)n_tensors, (unsigned long long)c.size);
 
     uint32_t alignment = SB_GGUF_DEFAULT_ALIGNMENT;
+    uint64_t tensor_bytes = 0; /* the data all tensors claim, at most the data section's size */
     for (uint64_t i = 0; i < n_kv; i++) {
         sb_gguf_kv kv = {.offset = c.pos};
         uint32_t type;
@@ -260,6 +261,13 @@ static sb_status parse(sb_gguf *g, sb_error *err, bool fill) {
                                "tensor '%s': data [%llu, +%llu bytes) lies past the end of the data section (%llu bytes)",
                                name, (unsigned long long)t.offset, (unsigned long long)t.nbytes,
                                (unsigned long long)(g->size - g->data_offset));
+            /* Tensors sharing bytes would let a small file stand for more
+             * weights than it holds (and the packed copy grow past it). */
+            if (sb_add_overflows(tensor_bytes, t.nbytes, &tensor_bytes) || tensor_bytes > g->size - g->data_offset)
+                return sb_fail(err, SB_ERR_FORMAT,
+                               "tensor '%s' at offset %llu: the tensors up to it claim more bytes than the %llu of the "
+                               "data section (tensors overlap)",
+                               name, (unsigned long long)at, (unsigned long long)(g->size - g->data_offset));
             t.data = g->base + g->data_offset + t.offset;
         }
         if (fill)
@@ -286,30 +294,48 @@ static uint64_t hash_str(sb_gguf_str s) {
 
 static bool same_str(sb_gguf_str a, sb_gguf_str b) { return a.len == b.len && memcmp(a.ptr, b.ptr, a.len) == 0; }
 
-/* Reports the first name that occurs twice among n strings (stride apart). */
-static sb_status check_unique(const void *items, uint64_t n, size_t stride, const char *what, sb_error *err) {
+/* The name of item i of n strings `stride` apart. */
+static const sb_gguf_str *name_at(const void *items, size_t stride, uint64_t i) {
+    return (const sb_gguf_str *)((const char *)items + i * stride);
+}
+
+/* Builds an open-addressing index (slot: item index + 1, 0 empty) over n
+ * names, reporting the first that occurs twice. Lookups through it keep a
+ * loader that asks for every tensor of every layer linear in the file. */
+static sb_status build_index(const void *items, uint64_t n, size_t stride, const char *what, sb_gguf_index *out,
+                             sb_error *err) {
     uint64_t cap = 16;
     while (cap < 2 * n)
         cap *= 2;
-    const sb_gguf_str **slots = sb_calloc(cap, sizeof(*slots));
-    if (!slots)
-        return sb_fail(err, SB_ERR_NOMEM, "out of memory checking %s names", what);
-    sb_status st = SB_OK;
-    for (uint64_t i = 0; i < n && st == SB_OK; i++) {
-        const sb_gguf_str *s = (const sb_gguf_str *)((const char *)items + i * stride);
+    out->cap = cap;
+    out->slots = sb_calloc(cap, sizeof(*out->slots));
+    if (!out->slots)
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory indexing %s names", what);
+    for (uint64_t i = 0; i < n; i++) {
+        const sb_gguf_str *s = name_at(items, stride, i);
         for (uint64_t h = hash_str(*s) & (cap - 1);; h = (h + 1) & (cap - 1)) {
-            if (!slots[h]) {
-                slots[h] = s;
+            if (!out->slots[h]) {
+                out->slots[h] = i + 1;
                 break;
             }
-            if (same_str(*slots[h], *s)) {
-                st = sb_fail(err, SB_ERR_FORMAT, "duplicate %s name '%.*s'", what, (int)SB_MIN(s->len, 80), s->ptr);
-                break;
-            }
+            if (same_str(*name_at(items, stride, out->slots[h] - 1), *s))
+                return sb_fail(err, SB_ERR_FORMAT, "duplicate %s name '%.*s'", what, (int)SB_MIN(s->len, 80), s->ptr);
         }
     }
-    sb_free(slots);
-    return st;
+    return SB_OK;
+}
+
+/* The item named z, or NULL. */
+static const void *index_find(const sb_gguf_index *ix, const void *items, size_t stride, const char *z) {
+    sb_gguf_str key = {z, strlen(z)};
+    if (!ix->slots)
+        return NULL;
+    for (uint64_t h = hash_str(key) & (ix->cap - 1); ix->slots[h]; h = (h + 1) & (ix->cap - 1)) {
+        const sb_gguf_str *s = name_at(items, stride, ix->slots[h] - 1);
+        if (same_str(*s, key))
+            return s;
+    }
+    return NULL;
 }
 
 sb_status sb_gguf_open_memory(const void *data, uint64_t size, sb_gguf **out, sb_error *err) {
@@ -333,9 +359,9 @@ sb_status sb_gguf_open_memory(const void *data, uint64_t size, sb_gguf **out, sb
     }
     st = parse(g, err, true);
     if (st == SB_OK)
-        st = check_unique(g->kv, g->n_kv, sizeof(*g->kv), "metadata key", err);
+        st = build_index(g->kv, g->n_kv, sizeof(*g->kv), "metadata key", &g->kv_index, err);
     if (st == SB_OK)
-        st = check_unique(g->tensors, g->n_tensors, sizeof(*g->tensors), "tensor", err);
+        st = build_index(g->tensors, g->n_tensors, sizeof(*g->tensors), "tensor", &g->tensor_index, err);
     if (st != SB_OK) {
         sb_gguf_close(g);
         return st;
@@ -431,23 +457,22 @@ void sb_gguf_close(sb_gguf *g) {
         munmap((void *)g->base, g->size);
     sb_free(g->kv);
     sb_free(g->tensors);
+    sb_free(g->kv_index.slots);
+    sb_free(g->tensor_index.slots);
     sb_free(g);
 }
 
 /* ---- accessors ---- */
 
+/* The key and the name are the first members, so the index's string is the entry. */
+_Static_assert(offsetof(sb_gguf_kv, key) == 0 && offsetof(sb_gguf_tensor, name) == 0, "name first");
+
 const sb_gguf_kv *sb_gguf_find(const sb_gguf *g, const char *key) {
-    for (uint64_t i = 0; i < g->n_kv; i++)
-        if (str_eq(g->kv[i].key, key))
-            return &g->kv[i];
-    return NULL;
+    return index_find(&g->kv_index, g->kv, sizeof(*g->kv), key);
 }
 
 const sb_gguf_tensor *sb_gguf_find_tensor(const sb_gguf *g, const char *name) {
-    for (uint64_t i = 0; i < g->n_tensors; i++)
-        if (str_eq(g->tensors[i].name, name))
-            return &g->tensors[i];
-    return NULL;
+    return index_find(&g->tensor_index, g->tensors, sizeof(*g->tensors), name);
 }
 
 /* Reads a numeric value of any scalar type at p; false for non-numeric types. */
@@ -510,7 +535,7 @@ sb_status sb_gguf_get_i64(const sb_gguf *g, const char *key, int64_t *out, sb_er
 }
 
 sb_status sb_gguf_get_u32(const sb_gguf *g, const char *key, uint32_t *out, sb_error *err) {
-    int64_t v;
+    int64_t v = 0;
     sb_status st = sb_gguf_get_i64(g, key, &v, err);
     if (st != SB_OK)
         return st;
@@ -587,12 +612,22 @@ sb_status sb_gguf_get_arr(const sb_gguf *g, const char *key, sb_gguf_vtype elem,
     return SB_OK;
 }
 
+/* fv toward zero, saturating at int64's range; NaN as INT64_MIN (what no
+ * caller accepts as a count, an id or a type). */
+static int64_t f64_to_i64(double fv) {
+    if (!(fv == fv) || fv <= -9223372036854775808.0)
+        return INT64_MIN;
+    if (fv >= 9223372036854775808.0)
+        return INT64_MAX;
+    return (int64_t)fv;
+}
+
 int64_t sb_gguf_arr_i64(const sb_gguf_kv *kv, uint64_t i) {
     int64_t iv = 0;
-    double fv;
-    bool is_int;
+    double fv = 0;
+    bool is_int = true;
     numeric_at(kv->arr_type, kv->value + i * sb_gguf_vtype_size(kv->arr_type), &iv, &fv, &is_int);
-    return is_int ? iv : (int64_t)fv;
+    return is_int ? iv : f64_to_i64(fv);
 }
 
 double sb_gguf_arr_f64(const sb_gguf_kv *kv, uint64_t i) {

@@ -36,7 +36,7 @@ struct sb_gguf_writer {
 };
 
 static void put(sb_gguf_writer *w, bytes *b, const void *p, uint64_t n) {
-    if (w->failed)
+    if (w->failed || n == 0) /* nothing to copy: p may be NULL (a file without tensors) */
         return;
     if (b->len + n > b->cap) {
         uint64_t cap = b->cap ? b->cap : 4096;

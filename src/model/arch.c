@@ -190,6 +190,23 @@ sb_status sb_arch_load(sb_model *m, sb_error *err) {
         return st;
     if (!m->output.data)
         m->output = m->tok_embd;
+    /* block_count is only a number in the file: before anything is sized by
+     * it, the file must hold every layer's required tensors (so the layers
+     * cost at most what the tensor table already does), and the last layer's
+     * first. Then binding names the first tensor that is missing. */
+    sb_layer probe;
+    sb_tensor_spec spec[SB_MAX_LAYER_TENSORS];
+    uint64_t required = 0;
+    size_t n_spec = sb_arch_layer_tensors(hp, hp->n_layer - 1, &probe, spec);
+    for (size_t j = 0; j < n_spec; j++)
+        required += spec[j].required;
+    if ((uint64_t)hp->n_layer * required > g->n_tensors)
+        return sb_fail(err, SB_ERR_FORMAT, "%s.block_count %d needs at least %llu tensors; the file has %llu",
+                       hp->arch->name, hp->n_layer, (unsigned long long)((uint64_t)hp->n_layer * required),
+                       (unsigned long long)g->n_tensors);
+    if (!sb_gguf_find_tensor(g, spec[0].name))
+        return sb_fail(err, SB_ERR_FORMAT, "%s.block_count is %d but tensor '%s' of its last layer is missing",
+                       hp->arch->name, hp->n_layer, spec[0].name);
     m->layers = sb_calloc((size_t)hp->n_layer, sizeof(*m->layers));
     if (!m->layers)
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for %d layers", hp->n_layer);

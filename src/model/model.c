@@ -91,6 +91,19 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
 
 /* ---- loading ------------------------------------------------------------------ */
 
+/* Everything after the GGUF is open: m->gguf is set; on failure the caller frees m. */
+static sb_status load_parsed(sb_model *m, sb_error *err) {
+    sb_status st = sb_arch_load(m, err);
+    if (st == SB_OK)
+        st = sb_vocab_load(m->gguf, &m->vocab, err);
+    if (st == SB_OK && sb_vocab_n_tokens(m->vocab) != m->hp.n_vocab)
+        st = sb_fail(err, SB_ERR_FORMAT, "the vocabulary has %d tokens but token_embd.weight has %d rows",
+                     sb_vocab_n_tokens(m->vocab), m->hp.n_vocab);
+    if (st == SB_OK)
+        st = sb_model_pack(m, err);
+    return st;
+}
+
 sb_model_params sb_model_default_params(void) { return (sb_model_params){.private_copy = false}; }
 
 sb_status sb_model_load(const char *path, sb_model_t **out, sb_error *err) {
@@ -105,14 +118,7 @@ sb_status sb_model_load_with(const char *path, const sb_model_params *params, sb
         return sb_fail(err, SB_ERR_NOMEM, "out of memory");
     sb_status st = p.private_copy ? sb_gguf_open_private(path, &m->gguf, err) : sb_gguf_open(path, &m->gguf, err);
     if (st == SB_OK)
-        st = sb_arch_load(m, err);
-    if (st == SB_OK)
-        st = sb_vocab_load(m->gguf, &m->vocab, err);
-    if (st == SB_OK && sb_vocab_n_tokens(m->vocab) != m->hp.n_vocab)
-        st = sb_fail(err, SB_ERR_FORMAT, "the vocabulary has %d tokens but token_embd.weight has %d rows",
-                     sb_vocab_n_tokens(m->vocab), m->hp.n_vocab);
-    if (st == SB_OK)
-        st = sb_model_pack(m, err);
+        st = load_parsed(m, err);
     if (st != SB_OK) {
         /* Messages from the GGUF reader already carry the path. */
         if (err && m->gguf) {
@@ -120,6 +126,22 @@ sb_status sb_model_load_with(const char *path, const sb_model_params *params, sb
             memcpy(inner, err->msg, sizeof(inner));
             sb_fail(err, st, "%s: %s", path, inner);
         }
+        sb_model_free(m);
+        return st;
+    }
+    *out = m;
+    return SB_OK;
+}
+
+sb_status sb__model_load_memory(const void *data, uint64_t size, sb_model **out, sb_error *err) {
+    *out = NULL;
+    sb_model *m = sb_calloc(1, sizeof(*m));
+    if (!m)
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    sb_status st = sb_gguf_open_memory(data, size, &m->gguf, err);
+    if (st == SB_OK)
+        st = load_parsed(m, err);
+    if (st != SB_OK) {
         sb_model_free(m);
         return st;
     }

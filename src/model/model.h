@@ -127,6 +127,9 @@ sb_status sb_arch_load(sb_model *m, sb_error *err);
  * token embedding table as it is, into m->packed (huge pages where the
  * system gives them; the mapping's pages of the originals are given back). */
 sb_status sb_model_pack(sb_model *m, sb_error *err);
+/* sb_model_load from a file image the caller keeps alive until the model is
+ * freed (the fuzzers' entry; tensors point into it). */
+sb_status sb__model_load_memory(const void *data, uint64_t size, sb_model **out, sb_error *err);
 
 /* ---- paged KV storage ---------------------------------------------------- */
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+#include <utf8proc.h>
 
 #include "base/base.h"
 #include "registry/prompts.h"
@@ -20,16 +21,45 @@
 
 /* ---- errors -------------------------------------------------------------- */
 
+const char *sb_oai_quote(const char *s, size_t len, size_t max, char *out, size_t cap) {
+    static const char more[] = "...";
+    size_t n = 0, limit = SB_MIN(max, cap - sizeof more); /* room for "..." and the NUL */
+    for (size_t i = 0; i < len;) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(len - i), &cp);
+        if (k < 0) { /* an invalid byte stands for itself as U+FFFD */
+            cp = 0xFFFD;
+            k = 1;
+        }
+        utf8proc_uint8_t enc[4];
+        utf8proc_ssize_t m = utf8proc_encode_char(cp, enc);
+        if (n + (size_t)m > limit) {
+            memcpy(out + n, more, sizeof more);
+            return out;
+        }
+        memcpy(out + n, enc, (size_t)m);
+        n += (size_t)m;
+        i += (size_t)k;
+    }
+    out[n] = '\0';
+    return out;
+}
+
 void sb_oai_err_set(sb_oai_err *e, unsigned status, const char *type, const char *code, const char *param,
                     const char *fmt, ...) {
     e->status = status;
     e->type = type;
     e->code = code;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    char raw[sizeof e->message];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    /* Whatever a message quotes (the client's bytes, a tokenizer's or a
+     * template's message), the answer is valid UTF-8 and cut between
+     * characters. */
+    sb_oai_quote(raw, strlen(raw), sizeof e->message - 4, e->message, sizeof e->message);
 }
 
 /* Appends the JSON text of item (unformatted) to out and deletes it. */
@@ -324,8 +354,9 @@ static cJSON *normalize_messages(const cJSON *root, bool optional, sb_oai_err *e
             goto fail;
         }
         if (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && strcmp(r, "assistant")) {
-            invalid(e, param, "invalid_value", "'%s' must be one of system, developer, user, assistant; got '%.64s'",
-                    param, r);
+            char q[80];
+            invalid(e, param, "invalid_value", "'%s' must be one of system, developer, user, assistant; got '%s'",
+                    param, sb_oai_quote(r, strlen(r), 64, q, sizeof q));
             goto fail;
         }
         static const char *const unsupported[] = {"tool_calls", "function_call", "audio", NULL};
@@ -357,9 +388,10 @@ static cJSON *normalize_messages(const cJSON *root, bool optional, sb_oai_err *e
                     goto fail;
                 }
                 if (strcmp(type->valuestring, "text") != 0) {
+                    char q[80];
                     invalid(e, param, "unsupported_value",
-                            "'%s' has type '%.64s'; switchboard supports only 'text' content parts", param,
-                            type->valuestring);
+                            "'%s' has type '%s'; switchboard supports only 'text' content parts", param,
+                            sb_oai_quote(type->valuestring, strlen(type->valuestring), 64, q, sizeof q));
                     goto fail;
                 }
                 if (!cJSON_IsString(t)) {
@@ -715,6 +747,76 @@ static bool parse_embedding(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oa
     return parse_prompts(root, "input", r, e);
 }
 
+/* ---- NUL characters -------------------------------------------------------- */
+
+/* cJSON keeps strings NUL-terminated, so a NUL inside one (a raw 0 byte or
+ * \u0000) would silently cut a prompt, a role or a model name short: such
+ * requests are refused, naming the field. */
+
+/* Offset of the first NUL the body's strings would hold, or len if none. */
+static size_t find_nul(const char *body, size_t len) {
+    for (size_t i = 0; i < len; i++) {
+        if (body[i] == '\0' || (body[i] == '\\' && len - i >= 6 && memcmp(body + i + 1, "u0000", 5) == 0))
+            return i;
+        if (body[i] == '\\')
+            i++; /* the escaped character is no escape itself */
+    }
+    return len;
+}
+
+/* Appends ".key" or "[i]" to path. */
+static void path_push(char *path, size_t cap, const cJSON *parent, const cJSON *child, int i) {
+    size_t n = strlen(path);
+    if (cJSON_IsArray(parent)) {
+        snprintf(path + n, cap - n, "[%d]", i);
+    } else {
+        char q[80];
+        snprintf(path + n, cap - n, "%s%s", n ? "." : "", sb_oai_quote(child->string, strlen(child->string), 64, q, sizeof q));
+    }
+}
+
+/* The path of the first value whose string (or key) `cut` holds shorter than
+ * `whole` (the same JSON, its NULs replaced by U+0001). */
+static bool nul_path(const cJSON *whole, const cJSON *cut, char *path, size_t cap) {
+    if (cJSON_IsString(whole))
+        return strcmp(whole->valuestring, cut->valuestring) != 0;
+    size_t n = strlen(path);
+    int i = 0;
+    for (const cJSON *a = whole->child, *b = cut->child; a && b; a = a->next, b = b->next, i++) {
+        path_push(path, cap, whole, a, i);
+        if ((a->string && strcmp(a->string, b->string) != 0) || nul_path(a, b, path, cap))
+            return true;
+        path[n] = '\0';
+    }
+    return false;
+}
+
+static bool refuse_nul(const char *body, size_t len, const cJSON *root, size_t at, sb_oai_err *e) {
+    char path[128] = "";
+    char *copy = sb_malloc(len);
+    if (copy) {
+        memcpy(copy, body, len);
+        for (size_t i = at; i < len; i++) {
+            if (copy[i] == '\0')
+                copy[i] = 1;
+            else if (copy[i] == '\\' && len - i >= 6 && memcmp(copy + i + 1, "u0000", 5) == 0)
+                copy[i + 5] = '1';
+            if (copy[i] == '\\')
+                i++;
+        }
+        cJSON *whole = cJSON_ParseWithLength(copy, len);
+        if (whole && !nul_path(whole, root, path, sizeof path))
+            path[0] = '\0';
+        cJSON_Delete(whole);
+        sb_free(copy);
+    }
+    if (!path[0])
+        return invalid(e, NULL, "invalid_value", "a string of the request holds a NUL character (at byte %zu); "
+                       "switchboard does not accept NULs in strings", at);
+    return invalid(e, path, "invalid_value", "'%s' holds a NUL character (\\u0000, first at byte %zu of the body); "
+                   "switchboard does not accept NULs in strings", path, at);
+}
+
 bool sb_oai_parse(sb_srv *srv, sb_oai_kind kind, const char *body, size_t len, sb_oai_req *out, sb_oai_err *e) {
     memset(out, 0, sizeof *out);
     out->kind = kind;
@@ -732,11 +834,14 @@ bool sb_oai_parse(sb_srv *srv, sb_oai_kind kind, const char *body, size_t len, s
     while (end < body + len && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n'))
         end++;
     bool ok;
+    size_t nul;
     if (end != body + len)
         ok = invalid(e, NULL, "invalid_json", "the request body has more after its JSON value (at byte %zu)",
                      (size_t)(end - body));
     else if (!cJSON_IsObject(root))
         ok = invalid(e, NULL, "invalid_json", "the request body must be a JSON object, got %s", type_name(root));
+    else if ((nul = find_nul(body, len)) < len)
+        ok = refuse_nul(body, len, root, nul, e);
     else if (kind == SB_OAI_CHAT)
         ok = parse_chat(srv, root, out, e);
     else if (kind == SB_OAI_COMPLETION)

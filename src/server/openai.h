@@ -36,7 +36,12 @@ typedef struct sb_oai_err {
     const char *code; /* NULL renders as null */
 } sb_oai_err;
 
-/* Sets e to an error (message printf-style); param may be NULL. */
+/* s[0..len) for quoting in a message: valid UTF-8 (an invalid byte becomes
+ * U+FFFD), at most max bytes cut between characters, then "..."; into out
+ * (cap > 4), which it returns. */
+const char *sb_oai_quote(const char *s, size_t len, size_t max, char *out, size_t cap);
+/* Sets e to an error (message printf-style, made valid UTF-8 by
+ * sb_oai_quote); param may be NULL. */
 void sb_oai_err_set(sb_oai_err *e, unsigned status, const char *type, const char *code, const char *param,
                     const char *fmt, ...) SB_PRINTF(6, 7);
 /* Appends {"error": {...}} to out. */

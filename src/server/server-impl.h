@@ -28,6 +28,7 @@ struct MHD_Daemon;
 struct sb_srv {
     sb_srv_params p;      /* as given (strings borrowed); host defaulted */
     struct MHD_Daemon *daemon;
+    struct sb_srv_door *door; /* the listening socket and heads still arriving (door.c) */
     uint16_t port;
     int64_t created;      /* unix time the server started: the model objects' "created" */
 

@@ -27,6 +27,7 @@
 #include "base/base.h"
 #include "model/model.h"
 #include "server/admin.h"
+#include "server/door.h"
 #include "server/gen.h"
 #include "server/openai.h"
 #include "server/server-impl.h"
@@ -75,6 +76,7 @@ typedef struct http_req {
     bool method_ok;
     bool answered;       /* a response was queued */
     bool too_large;      /* the body passes max_body: what comes is dropped, then 413 */
+    bool close;          /* the answer closes the connection (where the next request starts is unclear) */
     uint64_t received;   /* body bytes so far */
     sb_srv_buf body;
     double t_start;
@@ -94,6 +96,8 @@ static enum MHD_Result respond(sb_srv *srv, struct MHD_Connection *conn, http_re
                                const char *url, unsigned status, struct MHD_Response *response) {
     if (!response)
         return MHD_NO;
+    if (q->close || sb_srv_door_busy(srv->door)) /* under load the next request comes through the door */
+        MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result r = MHD_queue_response(conn, status, response);
     MHD_destroy_response(response);
     q->answered = true;
@@ -332,6 +336,18 @@ static const route *find_route(const char *url) {
 
 /* ---- libmicrohttpd callbacks ----------------------------------------------- */
 
+/* Collects a request's Content-Length values: lens[0] the first, lens[1] one that differs. */
+static enum MHD_Result find_lengths(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    const char **lens = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        if (!lens[0])
+            lens[0] = value;
+        else if (strcmp(lens[0], value) != 0)
+            lens[1] = value;
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size,
                                   void **con_cls) {
@@ -344,7 +360,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         q->t_start = now_s();
         q->route = find_route(url);
         q->ep = q->route ? q->route->ep : SB_SRV_EP_OTHER;
-        q->method_ok = q->route && strcmp(method, q->route->method) == 0;
+        /* HEAD on a GET route answers as GET; libmicrohttpd leaves the body out. */
+        q->method_ok = q->route && (strcmp(method, q->route->method) == 0 ||
+                                    (strcmp(method, "HEAD") == 0 && strcmp(q->route->method, "GET") == 0));
+        /* The door checks a connection's first head; this, those after it on a kept-alive one. */
+        const char *lens[2] = {NULL, NULL};
+        MHD_get_connection_values(conn, MHD_HEADER_KIND, find_lengths, lens);
+        if (lens[1]) {
+            sb_oai_err e;
+            sb_oai_err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_request", NULL,
+                           "the request has two different Content-Length headers");
+            q->close = true;
+            return respond_error(srv, conn, q, method, url, &e);
+        }
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         const char *expect = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
         unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
@@ -367,6 +395,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (q->answered) /* answered early (413): ignore whatever still arrives */
         return MHD_YES;
     if (*upload_size) {
+        if (now_s() - q->t_start > srv->p.body_timeout_s) {
+            sb__srv_log(srv, "%s %.200s: the body did not arrive within %u s (--body-timeout); closed", method, url,
+                        srv->p.body_timeout_s);
+            return MHD_NO;
+        }
         q->received += *upload_size;
         if (q->received > srv->p.max_body + DRAIN_LIMIT)
             return MHD_NO; /* a body without end: close the connection */
@@ -389,8 +422,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return respond_error(srv, conn, q, method, url, &e);
     }
     if (!q->route) {
-        sb_oai_err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "unknown_url", NULL,
-                       "Invalid URL (%.20s %.200s)", method, url);
+        char quoted[216];
+        sb_oai_err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "unknown_url", NULL, "Invalid URL (%.20s %s)",
+                       method, sb_oai_quote(url, strlen(url), 200, quoted, sizeof quoted));
         return respond_error(srv, conn, q, method, url, &e);
     }
     if (!q->method_ok) {
@@ -409,6 +443,27 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     sb_srv_buf_free(&q->body);
     sb_free(q);
     *con_cls = NULL;
+}
+
+/* libmicrohttpd's own decoding of %XX, except that %00 stays as it is: a
+ * NUL would end the path early ("/health%00x" is no route). */
+static int hex_digit(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+static size_t unescape_url(void *cls, struct MHD_Connection *conn, char *s) {
+    char *w = s;
+    for (const char *r = s; *r; r++) {
+        int hi = r[0] == '%' ? hex_digit(r[1]) : -1, lo = hi >= 0 ? hex_digit(r[2]) : -1;
+        if (lo >= 0 && (hi | lo)) {
+            *w++ = (char)(hi << 4 | lo);
+            r += 2;
+        } else {
+            *w++ = *r;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -432,6 +487,9 @@ sb_srv_params sb_srv_default_params(void) {
         .watch = true,
         .max_body = (size_t)8 << 20,
         .timeout_s = 30,
+        .header_timeout_s = 10,
+        .body_timeout_s = 60,
+        .max_connections = 1024,
     };
 }
 
@@ -461,26 +519,34 @@ sb_status sb_srv_start(const sb_srv_params *params, sb_srv **out, sb_error *err)
                        gai_strerror(gai));
     }
     struct sockaddr_storage addr;
-    memcpy(&addr, ai->ai_addr, SB_MIN((size_t)ai->ai_addrlen, sizeof addr));
-    bool v6 = ai->ai_family == AF_INET6;
+    socklen_t addrlen = (socklen_t)SB_MIN((size_t)ai->ai_addrlen, sizeof addr);
+    memcpy(&addr, ai->ai_addr, addrlen);
     freeaddrinfo(ai);
+    sb_status st = sb_srv_door_open(srv, (struct sockaddr *)&addr, addrlen, &srv->door, err);
+    if (st != SB_OK) {
+        sb_srv_stop(srv);
+        return st;
+    }
 
+    /* The door accepts and hands over connections whose head has arrived;
+     * libmicrohttpd's cap and memory are above the door's so that what the
+     * door lets in, it serves. */
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
-    srv->daemon = MHD_start_daemon(flags, srv->p.port, NULL, NULL, on_request, srv,
+                     MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
+    srv->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv,
                                    MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv,
-                                   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->p.timeout_s,
                                    MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-                                   MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
+                                   MHD_OPTION_NOTIFY_CONNECTION, sb_srv_door_on_connection, srv->door,
+                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned int)srv->p.max_connections + 64,
+                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 << 10,
+                                   MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, srv,
                                    MHD_OPTION_END);
-    if (!srv->daemon) {
+    if (!srv->daemon || (st = sb_srv_door_run(srv->door, srv->daemon, err)) != SB_OK) {
         sb_srv_stop(srv);
-        return sb_fail(err, SB_ERR_IO, "server: cannot listen on %s:%u (address in use, or not an address of this host?)",
-                       params->host, (unsigned)params->port);
+        return srv->daemon ? st : sb_fail(err, SB_ERR_IO, "server: cannot start the HTTP daemon");
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    srv->port = di ? di->port : srv->p.port;
+    srv->port = sb_srv_door_port(srv->door);
     *out = srv;
     return SB_OK;
 }
@@ -526,8 +592,10 @@ void sb_srv_stop(sb_srv *srv) {
      * and finish), then the connections, whose requests hold leases. */
     if (srv->reg)
         sb_registry_cancel_all(srv->reg);
+    sb_srv_door_stop(srv->door);
     if (srv->daemon)
         MHD_stop_daemon(srv->daemon);
+    sb_srv_door_free(srv->door);
     sb_registry_free(srv->reg);
     sb_executor_free(srv->exec);
     sb_srv_metrics_destroy(&srv->metrics);

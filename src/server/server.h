@@ -34,6 +34,9 @@ typedef struct sb_srv_params {
     sb_engine_params engine;
     size_t max_body;        /* largest request body in bytes; larger ones get 413 */
     uint32_t timeout_s;     /* idle connection timeout: slow or stalled clients are dropped */
+    uint32_t header_timeout_s; /* a new connection's request head must arrive within this (else 408) */
+    uint32_t body_timeout_s;   /* a request body must arrive within this of its head (else closed) */
+    uint32_t max_connections;  /* open connections; more are refused with 503 */
     /* Receives one line per request and per notable event (no newline);
      * called from connection threads. NULL: silent. */
     void (*log)(void *user, const char *line);

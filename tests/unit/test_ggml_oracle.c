@@ -368,7 +368,7 @@ static void test_dequantize_matches_ggml(void **state) {
 static void test_activation_quantize_matches_ggml_cpu(void **state) {
     (void)state;
     if (!lib_cpu)
-        skip();
+        SB_TEST_SKIP("llama.cpp's CPU backend (libggml-cpu) is not loadable here");
     float *x = malloc(ROW * sizeof(float));
     uint8_t *ours = malloc(ROW * 2), *theirs = malloc(ROW * 2);
     for (size_t a = 0; a < sizeof(acts) / sizeof(acts[0]); a++) {
@@ -414,7 +414,7 @@ static void gemv_q4_0_repacked(int64_t n, const uint8_t *rows, size_t stride, co
 static void test_vec_dot_matches_ggml_cpu(void **state) {
     (void)state;
     if (!lib_cpu)
-        skip();
+        SB_TEST_SKIP("llama.cpp's CPU backend (libggml-cpu) is not loadable here");
     float *w = malloc(ROW * sizeof(float)), *x = malloc(ROW * sizeof(float));
     /* 8 rows, as the repacked Q4_0 kernel wants them; the others use row 0. */
     uint8_t *wq = malloc(8 * ROW * 2), *xq = malloc(ROW * 2);
@@ -466,5 +466,5 @@ int main(void) {
         cmocka_unit_test(test_activation_quantize_matches_ggml_cpu),
         cmocka_unit_test(test_vec_dot_matches_ggml_cpu),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return sb_test_exit(cmocka_run_group_tests(tests, setup, teardown));
 }

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "switchboard.h"
+#include "tensor/tensor-impl.h"
 #include "tensor/tensor.h"
 #include "testutil.h"
 
@@ -131,14 +132,46 @@ static void fill_rows(sb_type t, bool act, int64_t n, int64_t nrows, uint8_t *p,
 
 /* ---- gemm ------------------------------------------------------------- */
 
-/* The SIMD levels this CPU runs, into out[]; returns how many. The tests
- * below compare each with the scalar level. */
-static int simd_levels(const sb_kernels *out[SB_CPU_LEVEL_COUNT]) {
+/* The SIMD levels this CPU runs, plus the AVX-512 level as a CPU without
+ * GFNI gets it where this one has GFNI (its packed Q4_0 gemm unpacks
+ * nibbles without), into out[]; returns how many. The tests below compare
+ * each with the scalar level. */
+#define SIMD_MAX (SB_CPU_LEVEL_COUNT + 1)
+static int simd_levels(const sb_kernels *out[SIMD_MAX]) {
+    static sb_kernels no_gfni;
     int n = 0;
     for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++)
         if (sb_kernels_for((sb_cpu_level)lv))
             out[n++] = sb_kernels_for((sb_cpu_level)lv);
+#if defined(__x86_64__)
+    const sb_kernels *avx512 = sb_kernels_for(SB_CPU_AVX512);
+    if (avx512 && avx512->gfni) {
+        no_gfni = *sb_kernels_for(SB_CPU_SCALAR);
+        no_gfni.level = SB_CPU_AVX512;
+        sb__kernels_fill_avx512(&no_gfni);
+        out[n++] = &no_gfni;
+    }
+#endif
     return n;
+}
+
+/* Says (as a skip) which kernels this CPU cannot compare with the scalar
+ * level: a missing SIMD level, or the AVX-512 level's GFNI variant. */
+static void test_levels_compared(void **state) {
+    (void)state;
+    char missing[128] = "";
+    for (int lv = SB_CPU_AVX2; lv < SB_CPU_LEVEL_COUNT; lv++)
+        if (!sb_kernels_for((sb_cpu_level)lv))
+            snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", missing[0] ? ", " : "",
+                     sb_cpu_level_name((sb_cpu_level)lv));
+    const sb_kernels *avx512 = sb_kernels_for(SB_CPU_AVX512);
+    if (avx512 && !avx512->gfni)
+        snprintf(missing, sizeof missing, "the AVX-512 level's GFNI packed Q4_0 gemm (no GFNI)");
+    if (missing[0]) {
+        char why[200];
+        snprintf(why, sizeof why, "this CPU cannot run these kernels, not compared: %s", missing);
+        SB_TEST_SKIP(why);
+    }
 }
 
 
@@ -202,7 +235,7 @@ static void test_packed_gemm_matches_scalar(void **state) {
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     int failures = 0, checked = 0;
     assert_int_equal(ref->packing[SB_TYPE_Q4_0].rows, 0); /* the scalar level packs nothing */
-    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    const sb_kernels *simd[SIMD_MAX];
     for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++) {
         const sb_kernels *k = simd[l];
         for (uint32_t type = 0; type < SB_TYPE_COUNT; type++) {
@@ -230,7 +263,7 @@ static void test_gemm_matches_scalar(void **state) {
     static const int64_t nts[] = {1, 2, 3, 5, 13};
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     int failures = 0;
-    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    const sb_kernels *simd[SIMD_MAX];
     const int n_simd = simd_levels(simd);
     for (int l = 0; l < n_simd; l++) {
         const sb_kernels *k = simd[l];
@@ -265,7 +298,7 @@ static void test_gemm_tile_shapes(void **state) {
     (void)state;
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     int failures = 0;
-    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    const sb_kernels *simd[SIMD_MAX];
     for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++) {
         const sb_kernels *k = simd[l];
         for (size_t ti = 0; ti < sizeof(weight_types) / sizeof(weight_types[0]); ti++) {
@@ -353,7 +386,7 @@ static void test_act_matches_scalar(void **state) {
     static const int64_t float_ns[] = {1, 7, 8, 15, 17, 33};
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     int failures = 0;
-    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    const sb_kernels *simd[SIMD_MAX];
     for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++) {
         const sb_kernels *k = simd[l];
         for (size_t ti = 0; ti < sizeof(act_types) / sizeof(act_types[0]); ti++) {
@@ -410,7 +443,7 @@ static void test_axpy_matches_scalar(void **state) {
         start[i] = rng_unit() * 4.0f;
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     int failures = 0;
-    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    const sb_kernels *simd[SIMD_MAX];
     for (size_t t = 0; t < sizeof(kv_types) / sizeof(kv_types[0]); t++) {
         const sb_type type = kv_types[t];
         const sb_type_traits *tr = sb_type_traits_of(type);
@@ -454,7 +487,7 @@ static void test_store_rows_matches_scalar(void **state) {
         src[i] = rng_unit() * ldexpf(1.0f, (int)rng_below(40) - 20);
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     static const int64_t ns[] = {1, 8, 16, 32, 64, 80, 128};
-    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    const sb_kernels *simd[SIMD_MAX];
     for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++)
         for (size_t t = 0; t < sizeof(kv_types) / sizeof(kv_types[0]); t++) {
             const sb_kernels *k = simd[l];
@@ -509,7 +542,7 @@ static void test_swiglu_matches_scalar(void **state) {
             assert_true(fabs(want[i] / up[i] - silu) <= 1e-6 * fabs(silu));
     }
     int failures = 0;
-    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    const sb_kernels *simd[SIMD_MAX];
     for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++) {
         const sb_kernels *k = simd[l];
         for (int n = N - 16; n <= N; n++) {
@@ -544,7 +577,7 @@ static void test_softmax_matches_scalar(void **state) {
         x[i] = rng_unit() * (i % 3 == 0 ? 40.0f : 4.0f);
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
     int failures = 0;
-    const sb_kernels *simd[SB_CPU_LEVEL_COUNT];
+    const sb_kernels *simd[SIMD_MAX];
     const int n_simd = simd_levels(simd);
     for (int n = 1; n <= N; n += n < 40 ? 1 : 37) {
         memcpy(want, x, sizeof(x));
@@ -666,8 +699,9 @@ int main(void) {
         cmocka_unit_test(test_axpy_matches_scalar),
         cmocka_unit_test(test_store_rows_matches_scalar),
         cmocka_unit_test(test_gemm_matches_scalar),
+        cmocka_unit_test(test_levels_compared),
         cmocka_unit_test(test_packed_gemm_matches_scalar),
         cmocka_unit_test(test_gemm_tile_shapes),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return sb_test_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

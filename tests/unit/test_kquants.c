@@ -418,7 +418,7 @@ static void test_avx2_matches_reference(void **state) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-        skip();
+        SB_TEST_SKIP("this CPU has no AVX2+FMA");
     enum { N = 16 * SB_QK_K, NT = 3 };
     static const struct {
         sb_type type;
@@ -483,7 +483,7 @@ static void test_avx2_matches_reference(void **state) {
     free(wq);
     free(xq);
 #else
-    skip();
+    SB_TEST_SKIP("not an x86-64 build");
 #endif
 }
 
@@ -504,5 +504,5 @@ int main(void) {
         cmocka_unit_test(test_rows_are_blockwise),
         cmocka_unit_test(test_avx2_matches_reference),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return sb_test_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -109,6 +109,15 @@ size_t sb_test_count_allocs_end(void) {
 
 size_t sb_test_live_bytes(void) { return live_bytes; }
 
+static int n_skipped;
+
+void sb_test_note_skip(const char *test, const char *why) {
+    n_skipped++;
+    fprintf(stderr, "SKIPPED: %s: %s\n", test, why);
+}
+
+int sb_test_exit(int failures) { return failures ? failures : n_skipped ? SB_TEST_SKIPPED : 0; }
+
 const char *sb_test_tmpdir(void) {
     static char dir[256];
     if (!dir[0]) {

@@ -22,6 +22,20 @@ void sb_test_count_allocs_begin(void);
 size_t sb_test_count_allocs_end(void);
 size_t sb_test_live_bytes(void);
 
+/* A test that cannot run its comparison here (a CPU without the SIMD
+ * level, a missing peer library): says why on stderr, remembers it and
+ * skips (cmocka's skip). Mains return sb_test_exit(cmocka's result), which
+ * is SB_TEST_SKIPPED when all passed but something was skipped, so that
+ * CTest reports the executable as skipped (SKIP_RETURN_CODE), not passed. */
+#define SB_TEST_SKIPPED 77
+#define SB_TEST_SKIP(why)                       \
+    do {                                        \
+        sb_test_note_skip(__func__, (why));     \
+        skip();                                 \
+    } while (0)
+void sb_test_note_skip(const char *test, const char *why);
+int sb_test_exit(int failures);
+
 /* Directory for temporary files of this test (created on demand). */
 const char *sb_test_tmpdir(void);
 
