@@ -636,6 +636,22 @@ static bool get_keep_alive(const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
     return true;
 }
 
+/* 404 for a name the registry does not know: the name quoted (the
+ * client's bytes, cut on a character), then the names there are. */
+static void not_found(sb_srv *srv, const char *name, sb_oai_err *e) {
+    char q[216], names[1024], list[400] = "";
+    int32_t n = sb_registry_names(srv->reg, names, sizeof names);
+    size_t len = 0;
+    const char *p = names;
+    for (int32_t i = 0; i < n && len + 8 < sizeof list; i++, p += strlen(p) + 1) {
+        int w = snprintf(list + len, sizeof list - len, "%s'%s'", i ? ", " : "", p);
+        len = w < 0 ? sizeof list : SB_MIN(sizeof list - 1, len + (size_t)w);
+    }
+    sb_oai_err_set(e, 404, "invalid_request_error", "model_not_found", "model",
+                   "The model '%s' does not exist; available: %s", sb_oai_quote(name, strlen(name), 200, q, sizeof q),
+                   n ? list : "none (the registry is empty)");
+}
+
 /* The model that serves: the request's "model" (or its library prompt's),
  * routed by the registry, loading it if needed. */
 static bool route_model(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
@@ -650,7 +666,7 @@ static bool route_model(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_er
     sb_error err;
     sb_status st = sb_registry_acquire(srv->reg, name, user ? user->valuestring : NULL, &r->lease, &err);
     if (st == SB_ERR_MODEL_NOT_FOUND)
-        sb_oai_err_set(e, 404, "invalid_request_error", "model_not_found", "model", "%s", err.msg);
+        not_found(srv, name, e);
     else if (st == SB_ERR_OVER_BUDGET)
         sb_oai_err_set(e, 507, "server_error", "insufficient_storage", "model", "%s", err.msg);
     else if (st == SB_ERR_NOMEM)
