@@ -21,9 +21,15 @@
 #include "tensor/tensor.h"
 #include "testutil.h"
 
-static const sb_type weight_types[] = {SB_TYPE_F32,  SB_TYPE_F16,  SB_TYPE_BF16, SB_TYPE_Q4_0,
-                                       SB_TYPE_Q4_1, SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0};
-static const sb_type act_types[] = {SB_TYPE_F32, SB_TYPE_F16, SB_TYPE_BF16, SB_TYPE_Q8_0, SB_TYPE_Q8_1};
+static const sb_type weight_types[] = {SB_TYPE_F32,  SB_TYPE_F16,  SB_TYPE_BF16, SB_TYPE_Q4_0, SB_TYPE_Q4_1,
+                                       SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0, SB_TYPE_Q4_K};
+static const sb_type act_types[] = {SB_TYPE_F32, SB_TYPE_F16, SB_TYPE_BF16, SB_TYPE_Q8_0, SB_TYPE_Q8_1, SB_TYPE_Q8_K};
+
+/* Row lengths in the tests are given for 32-element blocks; a K-quant's
+ * (256-element super-blocks) are 8 times longer. */
+static int64_t blocks_of(sb_type t, int64_t n) {
+    return sb_type_traits_of(t)->blck_size == SB_QK_K ? n * (SB_QK_K / SB_QK) : n;
+}
 
 /* Deterministic xorshift64* so failures reproduce. */
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
@@ -100,13 +106,22 @@ static void fill_rows(sb_type t, bool act, int64_t n, int64_t nrows, uint8_t *p,
                 uint16_t e = mode == 0 ? 0 : (uint16_t)(67 + rng_below(120));
                 put_u16(p + 2 * i, (uint16_t)(rng_below(2) << 15 | e << 7 | rng_below(128)));
             }
-        } else if (act && mode == 0) {
+        } else if (t == SB_TYPE_Q8_K || (act && mode == 0)) {
             /* What matmul feeds the kernels: converted floats. */
             float *src = malloc((size_t)n * sizeof(float));
+            /* Q8_K (its bsums must match its quants): also varied scales and zero blocks */
             for (int64_t i = 0; i < n; i++)
-                src[i] = rng_unit() * 3.0f;
+                src[i] = mode == 1 && i < 256 ? 0.0f : rng_unit() * (mode == 0 ? 3.0f : ldexpf(1.0f, mode * 6 - 20));
             tr->act_from_float(src, p, n);
             free(src);
+        } else if (tr->blck_size == SB_QK_K) { /* K-quant weights: random bytes, F16 d (and dmin) first */
+            for (int64_t b = 0; b < n / SB_QK_K; b++) {
+                uint8_t *blk = p + (size_t)b * tr->type_size;
+                for (uint32_t i = 0; i < tr->type_size; i++)
+                    blk[i] = (uint8_t)rng_u64();
+                put_u16(blk, rng_scale());
+                put_u16(blk + 2, rng_scale());
+            }
         } else {
             for (int64_t b = 0; b < n / SB_QK; b++) {
                 uint8_t *blk = p + (size_t)b * tr->type_size;
@@ -146,6 +161,7 @@ static int simd_levels(const sb_kernels *out[SB_CPU_LEVEL_COUNT]) {
  * terms), against the scalar gemm on the rows. */
 static bool check_gemm_as(const sb_kernels *k, const sb_kernels *ref, sb_type type, bool packed, int64_t n, int64_t nr,
                           int64_t nt) {
+    n = blocks_of(type, n);
     const sb_type xt = sb_type_traits_of(type)->vec_dot_type;
     const sb_packing *p = &k->packing[type];
     const size_t x_plain = row_size(xt, n);
@@ -293,7 +309,7 @@ static void test_scalar_gemm_is_vec_dot(void **state) {
     for (size_t ti = 0; ti < sizeof(weight_types) / sizeof(weight_types[0]); ti++) {
         const sb_type type = weight_types[ti];
         const sb_type_traits *t = sb_type_traits_of(type);
-        const int64_t n = 160, nr = 3, nt = 2;
+        const int64_t n = blocks_of(type, 160), nr = 3, nt = 2;
         const size_t ws = row_size(type, n), xs = row_size(t->vec_dot_type, n);
         uint8_t *w = malloc(ws * nr), *x = malloc(xs * nt);
         float y[6];
@@ -316,7 +332,7 @@ static void test_scalar_gemm_is_vec_dot(void **state) {
  * so k + 0.5 is an exact tie), zero blocks, huge and tiny blocks; for F16
  * and BF16 also halfway cases, overflow, subnormals, infinities and NaNs. */
 static void fill_floats(sb_type t, float *v, int64_t n) {
-    const bool q8 = t == SB_TYPE_Q8_0 || t == SB_TYPE_Q8_1;
+    const bool q8 = t == SB_TYPE_Q8_0 || t == SB_TYPE_Q8_1 || t == SB_TYPE_Q8_K;
     for (int64_t b = 0; b < n; b += 32) {
         const int mode = (int)rng_below(8);
         const int64_t end = b + 32 < n ? b + 32 : n;
@@ -363,7 +379,7 @@ static void test_act_matches_scalar(void **state) {
                 for (size_t c = 0; c < 10; c++) {
                     if (c >= 4 && !is_float)
                         break;
-                    const int64_t n = c < 4 ? ns[c] : float_ns[c - 4];
+                    const int64_t n = c < 4 ? blocks_of(t, ns[c]) : float_ns[c - 4];
                     const size_t size = row_size(t, n);
                     float *src = malloc((size_t)n * sizeof(float));
                     uint8_t *a = malloc(size), *b = malloc(size);
