@@ -18,11 +18,12 @@
 
 #include <cmocka.h>
 
+#include "tensor/kquants.h"
 #include "tensor/tensor.h"
 #include "testutil.h"
 
 static const sb_type weight_types[] = {SB_TYPE_F32,  SB_TYPE_F16,  SB_TYPE_BF16, SB_TYPE_Q4_0, SB_TYPE_Q4_1,
-                                       SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0, SB_TYPE_Q4_K};
+                                       SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0, SB_TYPE_Q4_K, SB_TYPE_Q6_K};
 static const sb_type act_types[] = {SB_TYPE_F32, SB_TYPE_F16, SB_TYPE_BF16, SB_TYPE_Q8_0, SB_TYPE_Q8_1, SB_TYPE_Q8_K};
 
 /* Row lengths in the tests are given for 32-element blocks; a K-quant's
@@ -119,8 +120,12 @@ static void fill_rows(sb_type t, bool act, int64_t n, int64_t nrows, uint8_t *p,
                 uint8_t *blk = p + (size_t)b * tr->type_size;
                 for (uint32_t i = 0; i < tr->type_size; i++)
                     blk[i] = (uint8_t)rng_u64();
-                put_u16(blk, rng_scale());
-                put_u16(blk + 2, rng_scale());
+                if (t == SB_TYPE_Q6_K) {
+                    put_u16(blk + offsetof(sb_block_q6_K, d), rng_scale());
+                } else {
+                    put_u16(blk, rng_scale());
+                    put_u16(blk + 2, rng_scale());
+                }
             }
         } else {
             for (int64_t b = 0; b < n / SB_QK; b++) {

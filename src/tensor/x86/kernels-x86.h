@@ -1443,4 +1443,7 @@ void SBX_FILL(sb_kernels *k) {
 #endif
         .term_bytes = QK_TERMS,
         .terms = qk_terms};
+#if SBX_AVX512
+    k->gemm[SB_TYPE_Q6_K] = gemm_q6_K;
+#endif
 }
