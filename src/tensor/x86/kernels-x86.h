@@ -1444,6 +1444,7 @@ void SBX_FILL(sb_kernels *k) {
         .term_bytes = QK_TERMS,
         .terms = qk_terms};
 #if SBX_AVX512
+    k->gemm[SB_TYPE_Q5_K] = gemm_q5_K;
     k->gemm[SB_TYPE_Q6_K] = gemm_q6_K;
 #endif
 }

@@ -5,7 +5,7 @@
  * products and high-nibble unpacking these reuse), so compiled once per
  * level; not a header to include anywhere else.
  *
- * (Q6_K's several-token kernel, AVX-512, is at the end: it keeps ggml's
+ * (Q5_K's and Q6_K's kernels, AVX-512, are at the end: they keep ggml's
  * vec_dot order, 8 lanes per row and token.)
  *
  * Q4_K's reference (kquants.c) sums a whole block in integers - sc_j times
@@ -62,6 +62,18 @@ SBX_ALWAYS vi qk_madd(vi acc, vi a, vi b) {
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 #endif
+}
+
+/* Q4_K/Q5_K: 6-bit scale and min of 32-element sub-block j of one row's
+ * 12 scale bytes (k4_scale_min in kquants.c). */
+SBX_ALWAYS void k4_scale_min_x86(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4;
+        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
 }
 
 /* QB_R bytes at p (one per row), zero-extended to the rows' int32 lanes. */
@@ -302,59 +314,93 @@ static void act_q8_K(const float *src, void *dst, int64_t n) {
 }
 
 #if SBX_AVX512
-/* ==== Q6_K, several rows and tokens (AVX-512) ===========================
+/* ==== Q5_K and Q6_K, several rows and tokens (AVX-512) ===================
  *
- * Q6_K keeps ggml's AVX2 vec_dot order (kquants.c: eight int32 lanes per
+ * These keep ggml's AVX2 vec_dot order (kquants.c: eight int32 lanes per
  * (row, token) pair and block, lane l collecting the elements with
- * (e % 32) / 4 == l, one fma per lane and block; llama.cpp does not repack
- * Q6_K on x86, so this is what it runs). A zmm of 64 quants then holds two
- * runs of 32 whose lanes l and l + 8 are the same reference lane: per 64
+ * (e % 32) / 4 == l, one fma per lane and block, then the halving sum; Q5_K
+ * adds its min term, one scalar fma per block, after it). llama.cpp does
+ * not repack them on x86, so this is what it runs. A zmm of 64 quants holds
+ * two runs of 32 whose lanes l and l + 8 are the same reference lane: per 64
  * elements one vpdpbusd (4 products per lane, at most 4 * 63 * 127, within
  * int16) and one vpdpwssd by the lanes' sub-block scales, the two halves
- * added at the end of the block, the +32 of the stored quants taken off
- * through the activation's bsums as the reference does. A tile of Q6_R rows
- * is unpacked once per block (quants to bytes 0..63, scales to the lanes'
- * vectors) for Q6_T tokens. Exact integers, the reference's float steps. */
-#define Q6_R 4
-#define Q6_T 4
+ * added at the end of the block; Q6_K's +32 comes off through the
+ * activation's bsums as in the reference. A tile of KL_R rows is unpacked
+ * once per block (quants to bytes, scales to the lanes' vectors) for KL_T
+ * tokens. Exact integers, the reference's float steps. */
+#define KL_R 4
+#define KL_T 4
 
 typedef struct {
-    __m512i q[4];   /* quants 0..63 of elements 64p..64p+63 */
-    __m512i sc[4];  /* lane i of q[p]: scale of sub-block 4p + i/4, as an int16 with a zero high half */
-    __m256i sc16;   /* the 16 scales as int16, for the bsums' correction */
-    float d;
-} q6_row;
+    __m512i q[4];  /* quants (unsigned) of elements 64p..64p+63 */
+    __m512i sc[4]; /* lane i of q[p]: its sub-block's scale, an int16 with a zero high half */
+    __m256i sc16;  /* Q6_K: the 16 scales as int16, for the bsums' correction */
+    __m128i m16;   /* Q5_K: the 8 mins as int16 */
+    float d, dmin;
+} kl_row;
 
-SBX_ALWAYS void q6_unpack(const sb_block_q6_K *b, q6_row *o) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
-    __m256i run[8];
-    for (int c = 0; c < 2; c++) { /* 128 elements: 4 runs of 32 (kquants_avx2.c) */
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * c));
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * c + 32));
-        const __m256i h = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * c));
-        run[4 * c] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
-        run[4 * c + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
-        run[4 * c + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
-        run[4 * c + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
-    }
-    const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
-    const __m512i sc32 = _mm512_and_si512(_mm512_cvtepi8_epi32(sc8), _mm512_set1_epi32(0xffff));
-    for (int p = 0; p < 4; p++) {
-        o->q[p] = _mm512_inserti64x4(_mm512_castsi256_si512(run[2 * p]), run[2 * p + 1], 1);
-        const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(4 * p),
-                                             _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
-                                                                                 11, 12, 13, 14, 15), 2));
-        o->sc[p] = _mm512_permutexvar_epi32(idx, sc32);
-    }
-    o->sc16 = _mm256_cvtepi8_epi16(sc8);
-    o->d = _cvtsh_ss(b->d);
+/* Bits 4.. of Q5_K's quants of run r (of 8): bit r of each qh byte, at bit 4. */
+SBX_ALWAYS __m256i q5_high(__m256i qh, int r) {
+    return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, r), _mm256_set1_epi8(1)), 4);
 }
 
-/* acc (the pair's 8 lanes) after one more block: fma(D, lanes, acc). */
-SBX_ALWAYS __m256 q6_block(const q6_row *w, const sb_block_q8_K *x, __m256 acc) {
+SBX_ALWAYS void kl_unpack(sb_type type, const uint8_t *blk, kl_row *o) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i run[8];
+    __m512i sc32;
+    if (type == SB_TYPE_Q6_K) {
+        const sb_block_q6_K *b = (const sb_block_q6_K *)blk;
+        const __m256i m2 = _mm256_set1_epi8(3);
+        for (int c = 0; c < 2; c++) { /* 128 elements: 4 runs of 32 (kquants_avx2.c) */
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * c));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * c + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * c));
+            run[4 * c] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+            run[4 * c + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+            run[4 * c + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+            run[4 * c + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+        }
+        /* q[p] lane i: sub-block 4p + i/4 */
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
+        sc32 = _mm512_and_si512(_mm512_cvtepi8_epi32(sc8), _mm512_set1_epi32(0xffff));
+        o->sc16 = _mm256_cvtepi8_epi16(sc8);
+        o->d = _cvtsh_ss(b->d);
+    } else { /* Q5_K */
+        const sb_block_q5_K *b = (const sb_block_q5_K *)blk;
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
+        for (int j = 0; j < 4; j++) { /* 64 elements: low nibbles, then high */
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * j));
+            run[2 * j] = _mm256_or_si256(_mm256_and_si256(bits, m4), q5_high(qh, 2 * j));
+            run[2 * j + 1] =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), q5_high(qh, 2 * j + 1));
+        }
+        int32_t sc[16], m[8];
+        for (int j = 0; j < 8; j++) {
+            int scj, mj;
+            k4_scale_min_x86(b->scales, j, &scj, &mj);
+            sc[2 * j] = sc[2 * j + 1] = scj;
+            m[j] = mj;
+        }
+        /* q[p] lane i: sub-block 2p + i/8; sc32 holds each sub-block's scale twice */
+        sc32 = _mm512_loadu_si512(sc);
+        o->m16 = _mm_packs_epi32(_mm_loadu_si128((const __m128i *)m), _mm_loadu_si128((const __m128i *)(m + 4)));
+        o->d = _cvtsh_ss(b->d);
+        o->dmin = _cvtsh_ss(b->dmin);
+    }
+    for (int p = 0; p < 4; p++) {
+        o->q[p] = _mm512_inserti64x4(_mm512_castsi256_si512(run[2 * p]), run[2 * p + 1], 1);
+        const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        o->sc[p] = _mm512_permutexvar_epi32(_mm512_add_epi32(_mm512_set1_epi32(4 * p), _mm512_srli_epi32(lane, 2)),
+                                            sc32);
+    }
+}
+
+/* One more block of a pair: acc (its 8 lanes) = fma(D, lanes, acc), and for
+ * Q5_K *accm = fma(Dmin, sum(m * bsum pairs), *accm). */
+SBX_ALWAYS __m256 kl_block(sb_type type, const kl_row *w, const sb_block_q8_K *x, __m256 acc, float *accm) {
     __m512i isum = _mm512_setzero_si512();
     SBX_UNROLL for (int p = 0; p < 4; p++) {
         const __m512i s =
@@ -362,63 +408,88 @@ SBX_ALWAYS __m256 q6_block(const q6_row *w, const sb_block_q8_K *x, __m256 acc) 
         isum = _mm512_dpwssd_epi32(isum, s, w->sc[p]);
     }
     __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
-    const __m256i bias =
-        _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), w->sc16), 5);
-    lanes = _mm256_sub_epi32(lanes, bias);
+    const __m256i bsums = _mm256_loadu_si256((const __m256i *)x->bsums);
+    if (type == SB_TYPE_Q6_K) {
+        lanes = _mm256_sub_epi32(lanes, _mm256_slli_epi32(_mm256_madd_epi16(bsums, w->sc16), 5));
+    } else {
+        /* bsum pairs (exact in int16 for any Q8_K row) times the mins, summed */
+        const __m256i pairs = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
+        const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+        __m128i g = _mm_madd_epi16(p16, w->m16);
+        g = _mm_add_epi32(g, _mm_shuffle_epi32(g, 0x4e));
+        g = _mm_add_epi32(g, _mm_shuffle_epi32(g, 0xb1));
+        *accm = fmaf(-x->d * w->dmin, (float)_mm_cvtsi128_si32(g), *accm);
+    }
     return _mm256_fmadd_ps(_mm256_set1_ps(x->d * w->d), _mm256_cvtepi32_ps(lanes), acc);
 }
 
 /* ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), as the reference's hsum. */
-SBX_ALWAYS float q6_hsum(__m256 v) {
+SBX_ALWAYS float kl_hsum(__m256 v) {
     __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
     return _mm_cvtss_f32(r);
 }
 
-SBX_ALWAYS void q6_tile(int R, int T, int64_t nb, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
-                        size_t ldy) {
-    __m256 acc[Q6_R * Q6_T];
-    SBX_UNROLL for (int i = 0; i < R * T; i++)
+SBX_ALWAYS void kl_tile(sb_type type, int R, int T, int64_t nb, const uint8_t *w, size_t ws, const uint8_t *x,
+                        size_t xs, float *y, size_t ldy) {
+    const size_t bsize = type == SB_TYPE_Q6_K ? sizeof(sb_block_q6_K) : sizeof(sb_block_q5_K);
+    __m256 acc[KL_R * KL_T];
+    float accm[KL_R * KL_T];
+    SBX_UNROLL for (int i = 0; i < R * T; i++) {
         acc[i] = _mm256_setzero_ps();
+        accm[i] = 0.0f;
+    }
     for (int64_t b = 0; b < nb; b++) {
-        q6_row rows[Q6_R];
+        kl_row rows[KL_R];
         SBX_UNROLL for (int r = 0; r < R; r++)
-            q6_unpack((const sb_block_q6_K *)(w + (size_t)r * ws) + b, &rows[r]);
+            kl_unpack(type, w + (size_t)r * ws + (size_t)b * bsize, &rows[r]);
         SBX_UNROLL for (int t = 0; t < T; t++) {
             const sb_block_q8_K *xb = (const sb_block_q8_K *)(x + (size_t)t * xs) + b;
             SBX_UNROLL for (int r = 0; r < R; r++)
-                acc[t * R + r] = q6_block(&rows[r], xb, acc[t * R + r]);
+                acc[t * R + r] = kl_block(type, &rows[r], xb, acc[t * R + r], &accm[t * R + r]);
         }
     }
     SBX_UNROLL for (int t = 0; t < T; t++)
-        SBX_UNROLL for (int r = 0; r < R; r++)
-            y[(size_t)t * ldy + (size_t)r] = q6_hsum(acc[t * R + r]);
+        SBX_UNROLL for (int r = 0; r < R; r++) {
+            const float sum = kl_hsum(acc[t * R + r]);
+            y[(size_t)t * ldy + (size_t)r] = type == SB_TYPE_Q6_K ? sum : sum + accm[t * R + r];
+        }
 }
 
-/* Tiles of Q6_R rows x Q6_T tokens, rows outer; remainders in tiles of one
+/* Tiles of KL_R rows x KL_T tokens, rows outer; remainders in tiles of one
  * row or one token. */
-static void gemm_q6_K(int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv, size_t xs, int64_t nt,
-                      float *y, size_t ldy) {
+SBX_ALWAYS void kl_gemm(sb_type type, int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv, size_t xs,
+                        int64_t nt, float *y, size_t ldy) {
     const uint8_t *w = wv, *x = xv;
     const int64_t nb = n / SB_QK_K;
     for (int64_t r = 0; r < nr;) {
-        const bool full_r = r + Q6_R <= nr;
+        const bool full_r = r + KL_R <= nr;
         for (int64_t t = 0; t < nt;) {
-            const bool full_t = t + Q6_T <= nt;
+            const bool full_t = t + KL_T <= nt;
             const uint8_t *wr = w + (size_t)r * ws, *xt = x + (size_t)t * xs;
             float *yt = y + (size_t)t * ldy + (size_t)r;
             if (full_r && full_t)
-                q6_tile(Q6_R, Q6_T, nb, wr, ws, xt, xs, yt, ldy);
+                kl_tile(type, KL_R, KL_T, nb, wr, ws, xt, xs, yt, ldy);
             else if (full_r)
-                q6_tile(Q6_R, 1, nb, wr, ws, xt, xs, yt, ldy);
+                kl_tile(type, KL_R, 1, nb, wr, ws, xt, xs, yt, ldy);
             else if (full_t)
-                q6_tile(1, Q6_T, nb, wr, ws, xt, xs, yt, ldy);
+                kl_tile(type, 1, KL_T, nb, wr, ws, xt, xs, yt, ldy);
             else
-                q6_tile(1, 1, nb, wr, ws, xt, xs, yt, ldy);
-            t += full_t ? Q6_T : 1;
+                kl_tile(type, 1, 1, nb, wr, ws, xt, xs, yt, ldy);
+            t += full_t ? KL_T : 1;
         }
-        r += full_r ? Q6_R : 1;
+        r += full_r ? KL_R : 1;
     }
+}
+
+static void gemm_q5_K(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
+                      float *y, size_t ldy) {
+    kl_gemm(SB_TYPE_Q5_K, n, w, ws, nr, x, xs, nt, y, ldy);
+}
+
+static void gemm_q6_K(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
+                      float *y, size_t ldy) {
+    kl_gemm(SB_TYPE_Q6_K, n, w, ws, nr, x, xs, nt, y, ldy);
 }
 #endif
