@@ -41,8 +41,14 @@ require_build() {
 # Finds node-llama-cpp@3.21.1 where node will resolve it from bench/llamacpp
 # (its own node_modules, or the repository's, which `make test-deps` fills),
 # installing it into bench/llamacpp/node_modules if it is in neither; sets LIBLLAMA.
+# $SB_LIBLLAMA, if set, names the library instead (the C-API runs need nothing else).
 ensure_node_llama_cpp() {
     local d have bins=node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
+    if [[ -n ${SB_LIBLLAMA:-} ]]; then
+        [[ -f "$SB_LIBLLAMA" ]] || die "SB_LIBLLAMA=$SB_LIBLLAMA: no such file"
+        LIBLLAMA=$SB_LIBLLAMA
+        return
+    fi
     for d in "$LLAMACPP_DIR" "$BENCH_DIR" "$REPO_DIR"; do
         [[ -f "$d/node_modules/node-llama-cpp/package.json" ]] || continue
         have=$(node -p "require('$d/node_modules/node-llama-cpp/package.json').version" 2>/dev/null || true)
