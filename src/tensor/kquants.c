@@ -177,19 +177,6 @@ static void pack_quants(const kfmt *f, uint8_t *blk, const uint8_t q[SB_QK_K]) {
     }
 }
 
-/* Q4_K/Q5_K: 6-bit scale and min of 32-element sub-block j. The first four
- * are whole bytes 0..3 (scales) and 4..7 (mins); the last four are nibbles
- * of bytes 8..11 with their top two bits in the spare bits of bytes 0..7. */
-static void k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4;
-        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
-}
-
 /* Q3_K: the 6-bit value of sub-block j (before subtracting 32). The low
  * nibbles of bytes 0..7 hold sub-blocks 0..7, their high nibbles 8..15;
  * bytes 8..11 hold the top two bits, sub-block j at byte 8 + j%4, bits
@@ -215,7 +202,7 @@ static void unpack_scales(const kfmt *f, const uint8_t *blk, int sc[NSUB_MAX], i
             sc[j] = q3_scale(s, j) - 32;
             break;
         case SCALES_K4:
-            k4_scale_min(s, j, &sc[j], &m[j]);
+            sb__k4_scale_min(s, j, &sc[j], &m[j]);
             break;
         case SCALES_Q6:
             sc[j] = (int8_t)s[j];

@@ -173,24 +173,29 @@ static bool check_gemm_as(const sb_kernels *k, const sb_kernels *ref, sb_type ty
     const size_t x_plain = row_size(xt, n);
     const size_t terms = packed ? (size_t)(n / sb_type_traits_of(type)->blck_size) * p->term_bytes : 0;
     /* Odd strides: rows not aligned, and a gap between them (packing takes
-     * contiguous rows). */
-    const size_t ws = row_size(type, n) + (packed ? 0 : 3), xs = x_plain + terms + 5, ldy = (size_t)nr + 2;
-    uint8_t *w = malloc(ws * (size_t)nr + 1), *x = malloc(xs * (size_t)nt + 1);
+     * contiguous rows). K-quant blocks are C structs with F16 fields and
+     * Q8_K's float: their rows keep 2- and 4-byte alignment, as in files
+     * and in matmul's buffers. */
+    const bool kq = sb_type_traits_of(type)->blck_size == SB_QK_K;
+    const size_t off = kq ? 4 : 1;
+    const size_t ws = row_size(type, n) + (packed ? 0 : kq ? 2 : 3), xs = x_plain + terms + (kq ? 4 : 5);
+    const size_t ldy = (size_t)nr + 2;
+    uint8_t *w = malloc(ws * (size_t)nr + off), *x = malloc(xs * (size_t)nt + off);
     uint8_t *wp = packed ? malloc(ws * (size_t)nr) : NULL;
     const size_t ny = ldy * (size_t)nt;
     float *y0 = malloc(ny * sizeof(float)), *y1 = malloc(ny * sizeof(float));
-    fill_rows(type, false, n, nr, w + 1, ws);
-    fill_rows(xt, true, n, nt, x + 1, xs);
+    fill_rows(type, false, n, nr, w + off, ws);
+    fill_rows(xt, true, n, nt, x + off, xs);
     for (int64_t t = 0; packed && p->terms && t < nt; t++)
-        p->terms(x + 1 + (size_t)t * xs, n, x + 1 + (size_t)t * xs + x_plain);
+        p->terms(x + off + (size_t)t * xs, n, x + off + (size_t)t * xs + x_plain);
     memset(y0, 0x5a, ny * sizeof(float));
     memset(y1, 0x5a, ny * sizeof(float)); /* the gaps must stay untouched */
-    ref->gemm[type](n, w + 1, ws, nr, x + 1, xs, nt, y0, ldy);
+    ref->gemm[type](n, w + off, ws, nr, x + off, xs, nt, y0, ldy);
     if (packed) {
-        p->pack(w + 1, wp, n, nr);
-        p->gemm(n, wp, ws, nr, x + 1, xs, nt, y1, ldy);
+        p->pack(w + off, wp, n, nr);
+        p->gemm(n, wp, ws, nr, x + off, xs, nt, y1, ldy);
     } else {
-        k->gemm[type](n, w + 1, ws, nr, x + 1, xs, nt, y1, ldy);
+        k->gemm[type](n, w + off, ws, nr, x + off, xs, nt, y1, ldy);
     }
     bool same = memcmp(y0, y1, ny * sizeof(float)) == 0;
     if (!same) {

@@ -64,18 +64,6 @@ SBX_ALWAYS vi qk_madd(vi acc, vi a, vi b) {
 #endif
 }
 
-/* Q4_K/Q5_K: 6-bit scale and min of 32-element sub-block j of one row's
- * 12 scale bytes (k4_scale_min in kquants.c). */
-SBX_ALWAYS void k4_scale_min_x86(const uint8_t *s, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4;
-        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
-}
-
 /* QB_R bytes at p (one per row), zero-extended to the rows' int32 lanes. */
 SBX_ALWAYS vi qk_widen(const uint8_t *p) {
 #if SBX_AVX512
@@ -96,7 +84,7 @@ SBX_ALWAYS vf qk_f16(const uint8_t *p) {
 
 /* The rows' 6-bit scales sc[j] and mins m[j] of one block from its 12
  * transposed scale bytes (byte i of every row at s + i*QB_R): as
- * k4_scale_min in kquants.c, lane by lane. */
+ * sb__k4_scale_min, lane by lane. */
 SBX_ALWAYS void qk_scales(const uint8_t *s, vi sc[8], vi m[8]) {
     vi b[12];
     SBX_UNROLL for (int i = 0; i < 12; i++)
@@ -380,7 +368,7 @@ SBX_ALWAYS void kl_unpack(sb_type type, const uint8_t *blk, kl_row *o) {
         int32_t sc[16], m[8];
         for (int j = 0; j < 8; j++) {
             int scj, mj;
-            k4_scale_min_x86(b->scales, j, &scj, &mj);
+            sb__k4_scale_min(b->scales, j, &scj, &mj);
             sc[2 * j] = sc[2 * j + 1] = scj;
             m[j] = mj;
         }

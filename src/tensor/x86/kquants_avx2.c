@@ -56,13 +56,8 @@ float sb__vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *x) {
     for (int64_t b = 0; b < n / SB_QK_K; b++, wb++, xb++) {
         /* the 6-bit scales and mins of the 8 sub-blocks of 32 */
         int sc[8], m[8];
-        const uint8_t *s = wb->scales;
-        for (int j = 0; j < 4; j++) {
-            sc[j] = s[j] & 63;
-            m[j] = s[j + 4] & 63;
-            sc[j + 4] = (s[j + 8] & 0xf) | (s[j] >> 6) << 4;
-            m[j + 4] = (s[j + 8] >> 4) | (s[j + 4] >> 6) << 4;
-        }
+        for (int j = 0; j < 8; j++)
+            sb__k4_scale_min(wb->scales, j, &sc[j], &m[j]);
         int32_t imin = 0;
         for (int j = 0; j < 8; j++)
             imin += m[j] * (xb->bsums[2 * j] + xb->bsums[2 * j + 1]);
