@@ -21,7 +21,7 @@ declare -A SHAPE_ARGS=(
     [1.1B]="--dim 2048 --hidden 5632 --layers 22 --heads 32 --kv-heads 4 --vocab 32000"
 )
 # Formats: our file-name suffix -> llama.cpp quantizer ftype name (f16 is generated, not quantized).
-FORMATS=(f16 q8_0 q4_0 q4_k_m)
+FORMATS=(f16 q8_0 q4_0 q4_k_m q5_k_m q6_k)
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -41,8 +41,14 @@ require_build() {
 # Finds node-llama-cpp@3.21.1 where node will resolve it from bench/llamacpp
 # (its own node_modules, or the repository's, which `make test-deps` fills),
 # installing it into bench/llamacpp/node_modules if it is in neither; sets LIBLLAMA.
+# $SB_LIBLLAMA, if set, names the library instead (the C-API runs need nothing else).
 ensure_node_llama_cpp() {
     local d have bins=node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
+    if [[ -n ${SB_LIBLLAMA:-} ]]; then
+        [[ -f "$SB_LIBLLAMA" ]] || die "SB_LIBLLAMA=$SB_LIBLLAMA: no such file"
+        LIBLLAMA=$SB_LIBLLAMA
+        return
+    fi
     for d in "$LLAMACPP_DIR" "$BENCH_DIR" "$REPO_DIR"; do
         [[ -f "$d/node_modules/node-llama-cpp/package.json" ]] || continue
         have=$(node -p "require('$d/node_modules/node-llama-cpp/package.json').version" 2>/dev/null || true)
@@ -67,6 +73,21 @@ build_quantizer() {
     if [[ ! -x "$QUANTIZE_BIN" || "$LLAMACPP_DIR/quantize.c" -nt "$QUANTIZE_BIN" ]]; then
         ${CC:-cc} -std=gnu11 -O1 -Wall -Wextra -o "$QUANTIZE_BIN" "$LLAMACPP_DIR/quantize.c" -ldl ||
             die "cannot compile $LLAMACPP_DIR/quantize.c"
+    fi
+}
+
+# Builds the C driver of llama.cpp's C API (../shared/tools/llbench.c, or $LLBENCH_SRC) into
+# the model cache: llama.cpp is timed from a C program that dlopens node-llama-cpp's libllama,
+# with nothing of node in the timed process (node's event-loop thread fought ggml's spinning
+# workers for the two cores and slowed llama.cpp's generation up to 8x). Sets LLBENCH_BIN.
+LLBENCH_BIN=
+build_llbench() {
+    local src=${LLBENCH_SRC:-$REPO_DIR/../shared/tools/llbench.c}
+    [[ -f "$src" ]] || die "$src is missing (set LLBENCH_SRC to llbench.c, the llama.cpp C-API driver)"
+    LLBENCH_BIN="$SB_MODELS/.bin/llbench"
+    mkdir -p "$SB_MODELS/.bin"
+    if [[ ! -x "$LLBENCH_BIN" || "$src" -nt "$LLBENCH_BIN" ]]; then
+        ${CC:-cc} -O2 -o "$LLBENCH_BIN" "$src" -ldl -lm 2>/dev/null || die "cannot compile $src"
     fi
 }
 

@@ -33,6 +33,8 @@ static const char usage[] =
     "             [--tools T.json] [--kwargs K.json] [--no-generation-prompt] [--bos S] [--eos S] [--now TIME]\n"
     "  gen-model  write a random llama model:  gen-model --out FILE [--type f32|f16|bf16|q8_0|q4_0|...]\n"
     "             [--dim N] [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N] [--seed S]\n"
+    "  quantize   quantize a model as llama.cpp's quantizer does:  quantize IN.gguf OUT.gguf TYPE [--threads N]\n"
+    "             [--allow-requantize]   (TYPE: q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k_m q4_k_m q5_k_m q6_k)\n"
     "\n"
     "'--' ends a command's options: what follows is an operand even if it starts with '-'\n"
     "(switchboard tokenize -m FILE -- -x).\n";
@@ -152,6 +154,7 @@ double sb_cli_now(void) {
 int sb_cmd_bench(int argc, char **argv); /* cmd_bench.c */
 int sb_cmd_template(int argc, char **argv); /* cmd_template.c */
 int sb_cmd_serve(int argc, char **argv); /* cmd_serve.c */
+int sb_cmd_quantize(int argc, char **argv); /* cmd_quantize.c */
 
 /* The library's diagnostics, as the CLI's own: on stderr, one line each. */
 static void log_line(void *user, int level, const char *line) {
@@ -174,6 +177,7 @@ int main(int argc, char **argv) {
         {"bench", sb_cmd_bench},
         {"template", sb_cmd_template},
         {"serve", sb_cmd_serve},
+        {"quantize", sb_cmd_quantize},
     };
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fputs(usage, argc < 2 ? stderr : stdout);

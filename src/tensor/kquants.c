@@ -55,7 +55,7 @@ typedef enum {
 typedef enum {
     MINS_NONE,
     MINS_IN_LANES, /* Q2_K: 8 group sums added to the 8 lane accumulators first */
-    MINS_APART,    /* Q4_K, Q5_K: n_min_groups accumulators of their own */
+    MINS_APART,    /* Q5_K: n_min_groups accumulators of their own */
 } mins_kind;
 
 /*
@@ -120,7 +120,6 @@ static const kfmt fmt_q4_K = {
     .off_scales = offsetof(sb_block_q4_K, scales), .scales = SCALES_K4,
     .lo = {offsetof(sb_block_q4_K, qs), 4, 32}, .qmax = 15,
     .search = SEARCH_QKX2, .rmin = -1.0f, .nstep = 20,
-    .mins = MINS_APART, .n_min_groups = 4,
 };
 
 static const kfmt fmt_q5_K = {
@@ -178,19 +177,6 @@ static void pack_quants(const kfmt *f, uint8_t *blk, const uint8_t q[SB_QK_K]) {
     }
 }
 
-/* Q4_K/Q5_K: 6-bit scale and min of 32-element sub-block j. The first four
- * are whole bytes 0..3 (scales) and 4..7 (mins); the last four are nibbles
- * of bytes 8..11 with their top two bits in the spare bits of bytes 0..7. */
-static void k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4;
-        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
-}
-
 /* Q3_K: the 6-bit value of sub-block j (before subtracting 32). The low
  * nibbles of bytes 0..7 hold sub-blocks 0..7, their high nibbles 8..15;
  * bytes 8..11 hold the top two bits, sub-block j at byte 8 + j%4, bits
@@ -216,7 +202,7 @@ static void unpack_scales(const kfmt *f, const uint8_t *blk, int sc[NSUB_MAX], i
             sc[j] = q3_scale(s, j) - 32;
             break;
         case SCALES_K4:
-            k4_scale_min(s, j, &sc[j], &m[j]);
+            sb__k4_scale_min(s, j, &sc[j], &m[j]);
             break;
         case SCALES_Q6:
             sc[j] = (int8_t)s[j];
@@ -649,8 +635,9 @@ void sb__q8_K_from_float_ref(const float *src, void *dst, int64_t n) {
 /* ---- dot products with Q8_K ---------------------------------------------- */
 
 /*
- * The float order is that of ggml's x86 AVX2 kernels (ggml_vec_dot_qN_K_q8_K
- * in ggml-cpu/arch/x86/quants.c; llama.cpp's AVX-512 builds run the same
+ * Q4_K has its own order (below dot_k). For the others the float order is
+ * that of ggml's x86 AVX2 kernels (ggml_vec_dot_qN_K_q8_K in
+ * ggml-cpu/arch/x86/quants.c; llama.cpp's AVX-512 builds run the same
  * code), so that our results equal llama.cpp's on these machines and AVX2
  * code can reproduce them exactly. Per block, with D = d_x * d_w and
  * Dmin = -d_x * dmin_w (products of floats, rounded once):
@@ -665,7 +652,6 @@ void sb__q8_K_from_float_ref(const float *src, void *dst, int64_t n) {
  *   min term, sum(m * bsum) over groups of sub-blocks:
  *     Q2_K: 8 groups (elements 32k..32k+31), acc[k] = fma(Dmin, g[k], acc[k])
  *           before the lanes are added;
- *     Q4_K: 4 groups (64 elements each) into accm[k] = fma(Dmin, g[k], accm[k]);
  *     Q5_K: 1 group into accm[0] = fma(Dmin, g, accm[0]) (a scalar
  *           summs += dmin * g in ggml, contracted to an FMA by the compiler).
  *   result: hsum(acc) (+ hsum(accm)), where hsum halves repeatedly:
@@ -742,6 +728,37 @@ static float dot_k(const kfmt *f, int64_t n, const void *w, const void *x) {
 
 float sb__vec_dot_q2_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q2_K, n, w, x); }
 float sb__vec_dot_q3_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q3_K, n, w, x); }
-float sb__vec_dot_q4_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q4_K, n, w, x); }
+/*
+ * Q4_K: the order of llama.cpp's repacked Q4_K kernels (ggml_gemv_q4_K_8x8_q8_K
+ * and its gemm, what its x86 CPU backend runs Q4_K matrices with once it has
+ * interleaved their rows at load), not of its vec_dot: per block one exact
+ * integer sum isum = sum_j sc_j * sum(q*x over sub-block j) and one
+ * imin = sum_j m_j * (bsum_2j + bsum_2j+1), then
+ *   acc  = fma((float)isum, d_w*d_x, acc),  accm = fma((float)imin, dmin_w*d_x, accm),
+ * and acc - accm at the end. One float step per block and row is what lets a
+ * vector lane hold a whole row (x86/kquants-x86.h), as for Q4_0.
+ */
+float sb__vec_dot_q4_K_q8_K_ref(int64_t n, const void *w, const void *x) {
+    const uint8_t *wb = w;
+    const sb_block_q8_K *xb = x;
+    float acc = 0, accm = 0;
+    uint8_t q[SB_QK_K];
+    int sc[NSUB_MAX], m[NSUB_MAX];
+    for (int64_t b = 0; b < n / SB_QK_K; b++, wb += fmt_q4_K.size, xb++) {
+        unpack_scales(&fmt_q4_K, wb, sc, m);
+        unpack_quants(&fmt_q4_K, wb, q);
+        int32_t isum = 0, imin = 0;
+        for (int j = 0; j < SB_QK_K / 32; j++) {
+            int32_t s = 0;
+            for (int e = 32 * j; e < 32 * (j + 1); e++)
+                s += q[e] * xb->qs[e];
+            isum += sc[j] * s;
+            imin += m[j] * (xb->bsums[2 * j] + xb->bsums[2 * j + 1]);
+        }
+        acc = fmaf((float)isum, sb__get_f16(wb + fmt_q4_K.off_d) * xb->d, acc);
+        accm = fmaf((float)imin, sb__get_f16(wb + fmt_q4_K.off_dmin) * xb->d, accm);
+    }
+    return acc - accm;
+}
 float sb__vec_dot_q5_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q5_K, n, w, x); }
 float sb__vec_dot_q6_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q6_K, n, w, x); }

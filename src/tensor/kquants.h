@@ -63,6 +63,20 @@ _Static_assert(sizeof(sb_block_q5_K) == 176, "q5_K block");
 _Static_assert(sizeof(sb_block_q6_K) == 210, "q6_K block");
 _Static_assert(sizeof(sb_block_q8_K) == 292, "q8_K block");
 
+/* Q4_K/Q5_K: 6-bit scale and min of 32-element sub-block j from a block's
+ * 12 scale bytes. The first four are whole bytes 0..3 (scales) and 4..7
+ * (mins); the last four are nibbles of bytes 8..11 with their top two bits
+ * in the spare bits of bytes 0..7. */
+static inline void sb__k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4;
+        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
 /* Dequantization: exactly ggml's dequantize_row_*. n is a multiple of 256. */
 void sb__q2_K_to_float(const void *src, float *dst, int64_t n);
 void sb__q3_K_to_float(const void *src, float *dst, int64_t n);

@@ -137,7 +137,9 @@ typedef enum sb_cpu_level {
  * n is a multiple of the weight type's block size; nr, nt >= 1. Each output
  * equals the type's vec_dot of the two rows, bit for bit. Q8_0/Q8_1
  * activations must hold quants in [-127, 127] (act_from_float writes no
- * other). */
+ * other). K-quant weight rows are 2-byte aligned and Q8_K rows 4-byte
+ * aligned (their blocks are structs with F16 and F32 fields), as in GGUF
+ * files and in matmul's buffers. */
 typedef void (*sb_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t nr, const void *x, size_t x_stride,
                            int64_t nt, float *y, size_t ldy);
 

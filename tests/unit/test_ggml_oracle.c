@@ -71,8 +71,10 @@ static const struct {
 /* Weight formats whose dot product we check against ggml's x86 kernels
  * (block formats only; the float formats' dots are not compared here).
  * Q4_0 is checked against the kernel llama.cpp runs it with on x86: the
- * gemv of its repacked 8-row layout, gemv<block_q4_0, 8, 8, GGML_TYPE_Q8_0>. */
+ * gemv of its repacked 8-row layout, gemv<block_q4_0, 8, 8, GGML_TYPE_Q8_0>;
+ * Q4_K likewise against ggml_gemv_q4_K_8x8_q8_K (block_q4_Kx8). */
 #define GEMV_Q4_0_8X8 "_ZN4ggml3cpu6repack4gemvI10block_q4_0Ll8ELl8EL9ggml_type8EEEviPfmPKvS7_ii"
+#define GEMV_Q4_K_8X8 "ggml_gemv_q4_K_8x8_q8_K"
 static const struct {
     sb_type type;
     const char *vec_dot;
@@ -81,7 +83,7 @@ static const struct {
     {SB_TYPE_Q5_0, "ggml_vec_dot_q5_0_q8_0"}, {SB_TYPE_Q5_1, "ggml_vec_dot_q5_1_q8_1"},
     {SB_TYPE_Q8_0, "ggml_vec_dot_q8_0_q8_0"},
     {SB_TYPE_Q2_K, "ggml_vec_dot_q2_K_q8_K"}, {SB_TYPE_Q3_K, "ggml_vec_dot_q3_K_q8_K"},
-    {SB_TYPE_Q4_K, "ggml_vec_dot_q4_K_q8_K"}, {SB_TYPE_Q5_K, "ggml_vec_dot_q5_K_q8_K"},
+    {SB_TYPE_Q4_K, GEMV_Q4_K_8X8}, {SB_TYPE_Q5_K, "ggml_vec_dot_q5_K_q8_K"},
     {SB_TYPE_Q6_K, "ggml_vec_dot_q6_K_q8_K"},
 };
 
@@ -409,6 +411,44 @@ static void gemv_q4_0_repacked(int64_t n, const uint8_t *rows, size_t stride, co
     free(packed);
 }
 
+/* ggml's repacked Q4_K (block_q4_Kx8): per block the 8 rows' d, their
+ * dmin, their 6-bit scales and mins regrouped by sub-block (12 bytes per
+ * sub-block pair position: the rows' values of sub-block i (and i + 4 in the
+ * spare top bits), as make_block_q4_Kx8 lays them out), then their quants in
+ * 8-byte pieces taken from the rows in turn. */
+static void gemv_q4_K_repacked(int64_t n, const uint8_t *rows, size_t stride, const uint8_t *xq, float out[8]) {
+    const int64_t nb = n / SB_QK_K;
+    const size_t bsize = 32 + 96 + 1024;
+    uint8_t *packed = malloc((size_t)nb * bsize);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *dst = packed + b * bsize;
+        const uint8_t *blk[8];
+        for (int r = 0; r < 8; r++) {
+            blk[r] = rows + r * stride + b * 144;
+            memcpy(dst + 2 * r, blk[r], 2);
+            memcpy(dst + 16 + 2 * r, blk[r] + 2, 2);
+        }
+        for (int half = 0; half < 2; half++)
+            for (int i = 0; i < 4; i++) {
+                uint8_t sc[8], mn[8], *o = dst + 32 + 48 * half + 12 * i;
+                for (int r = 0; r < 8; r++) {
+                    const uint8_t *s = blk[r] + 4;
+                    sc[r] = half ? (uint8_t)((s[i] & 192) >> 2 | (s[i + 8] & 15)) : s[i] & 63;
+                    mn[r] = half ? (uint8_t)((s[i + 4] & 192) >> 2 | (s[i + 8] & 240) >> 4) : s[i + 4] & 63;
+                }
+                for (int r = 0; r < 4; r++) {
+                    o[r] = (uint8_t)((sc[r] & 63) + ((sc[r + 4] & 48) << 2));
+                    o[4 + r] = (uint8_t)((mn[r] & 63) + ((mn[r + 4] & 48) << 2));
+                    o[8 + r] = (uint8_t)((sc[r + 4] & 15) + ((mn[r + 4] & 15) << 4));
+                }
+            }
+        for (int i = 0; i < 128; i++)
+            memcpy(dst + 128 + 8 * i, blk[i % 8] + 16 + (i / 8) * 8, 8);
+    }
+    ((ggml_gemv_fn)sym(lib_cpu, GEMV_Q4_K_8X8))((int)n, out, 0, packed, xq, 1, 8);
+    free(packed);
+}
+
 /* vec_dot == ggml_vec_dot_*_q8_K of the AVX2 backend, to the bit: on
  * quantized rows of every kind, on random weight bytes, and for one block. */
 static void test_vec_dot_matches_ggml_cpu(void **state) {
@@ -422,7 +462,7 @@ static void test_vec_dot_matches_ggml_cpu(void **state) {
         const sb_type type = dots[d].type;
         const sb_type_traits *t = sb_type_traits_of(type), *xt = sb_type_traits_of(t->vec_dot_type);
         const size_t stride = sb_type_row_size(type, ROW);
-        const bool repacked = type == SB_TYPE_Q4_0;
+        const bool repacked = type == SB_TYPE_Q4_0 || type == SB_TYPE_Q4_K;
         ggml_vec_dot_fn dot = repacked ? NULL : (ggml_vec_dot_fn)sym(lib_cpu, dots[d].vec_dot);
         for (int trial = 0; trial < 3 * N_KINDS; trial++) {
             const int kind = trial % N_KINDS;
@@ -439,8 +479,10 @@ static void test_vec_dot_matches_ggml_cpu(void **state) {
             xt->act_from_float(x, xq, ROW);
             for (int64_t n = SB_QK_K; n <= ROW; n *= 16) {
                 float theirs[8];
-                if (repacked)
+                if (type == SB_TYPE_Q4_0)
                     gemv_q4_0_repacked(n, wq, stride, xq, theirs);
+                else if (type == SB_TYPE_Q4_K)
+                    gemv_q4_K_repacked(n, wq, stride, xq, theirs);
                 else
                     dot((int)n, &theirs[0], 0, wq, 0, xq, 0, 1);
                 for (int r = 0; r < (repacked ? 8 : 1); r++) {

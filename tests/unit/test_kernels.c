@@ -20,12 +20,20 @@
 
 #include "switchboard.h"
 #include "tensor/tensor-impl.h"
+#include "tensor/kquants.h"
 #include "tensor/tensor.h"
 #include "testutil.h"
 
-static const sb_type weight_types[] = {SB_TYPE_F32,  SB_TYPE_F16,  SB_TYPE_BF16, SB_TYPE_Q4_0,
-                                       SB_TYPE_Q4_1, SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0};
-static const sb_type act_types[] = {SB_TYPE_F32, SB_TYPE_F16, SB_TYPE_BF16, SB_TYPE_Q8_0, SB_TYPE_Q8_1};
+static const sb_type weight_types[] = {SB_TYPE_F32,  SB_TYPE_F16,  SB_TYPE_BF16, SB_TYPE_Q4_0, SB_TYPE_Q4_1,
+                                       SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0, SB_TYPE_Q4_K, SB_TYPE_Q5_K,
+                                       SB_TYPE_Q6_K};
+static const sb_type act_types[] = {SB_TYPE_F32, SB_TYPE_F16, SB_TYPE_BF16, SB_TYPE_Q8_0, SB_TYPE_Q8_1, SB_TYPE_Q8_K};
+
+/* Row lengths in the tests are given for 32-element blocks; a K-quant's
+ * (256-element super-blocks) are 8 times longer. */
+static int64_t blocks_of(sb_type t, int64_t n) {
+    return sb_type_traits_of(t)->blck_size == SB_QK_K ? n * (SB_QK_K / SB_QK) : n;
+}
 
 /* Deterministic xorshift64* so failures reproduce. */
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
@@ -102,13 +110,26 @@ static void fill_rows(sb_type t, bool act, int64_t n, int64_t nrows, uint8_t *p,
                 uint16_t e = mode == 0 ? 0 : (uint16_t)(67 + rng_below(120));
                 put_u16(p + 2 * i, (uint16_t)(rng_below(2) << 15 | e << 7 | rng_below(128)));
             }
-        } else if (act && mode == 0) {
+        } else if (t == SB_TYPE_Q8_K || (act && mode == 0)) {
             /* What matmul feeds the kernels: converted floats. */
             float *src = malloc((size_t)n * sizeof(float));
+            /* Q8_K (its bsums must match its quants): also varied scales and zero blocks */
             for (int64_t i = 0; i < n; i++)
-                src[i] = rng_unit() * 3.0f;
+                src[i] = mode == 1 && i < 256 ? 0.0f : rng_unit() * (mode == 0 ? 3.0f : ldexpf(1.0f, mode * 6 - 20));
             tr->act_from_float(src, p, n);
             free(src);
+        } else if (tr->blck_size == SB_QK_K) { /* K-quant weights: random bytes, F16 d (and dmin) first */
+            for (int64_t b = 0; b < n / SB_QK_K; b++) {
+                uint8_t *blk = p + (size_t)b * tr->type_size;
+                for (uint32_t i = 0; i < tr->type_size; i++)
+                    blk[i] = (uint8_t)rng_u64();
+                if (t == SB_TYPE_Q6_K) {
+                    put_u16(blk + offsetof(sb_block_q6_K, d), rng_scale());
+                } else {
+                    put_u16(blk, rng_scale());
+                    put_u16(blk + 2, rng_scale());
+                }
+            }
         } else {
             for (int64_t b = 0; b < n / SB_QK; b++) {
                 uint8_t *blk = p + (size_t)b * tr->type_size;
@@ -180,29 +201,35 @@ static void test_levels_compared(void **state) {
  * terms), against the scalar gemm on the rows. */
 static bool check_gemm_as(const sb_kernels *k, const sb_kernels *ref, sb_type type, bool packed, int64_t n, int64_t nr,
                           int64_t nt) {
+    n = blocks_of(type, n);
     const sb_type xt = sb_type_traits_of(type)->vec_dot_type;
     const sb_packing *p = &k->packing[type];
     const size_t x_plain = row_size(xt, n);
     const size_t terms = packed ? (size_t)(n / sb_type_traits_of(type)->blck_size) * p->term_bytes : 0;
     /* Odd strides: rows not aligned, and a gap between them (packing takes
-     * contiguous rows). */
-    const size_t ws = row_size(type, n) + (packed ? 0 : 3), xs = x_plain + terms + 5, ldy = (size_t)nr + 2;
-    uint8_t *w = malloc(ws * (size_t)nr + 1), *x = malloc(xs * (size_t)nt + 1);
+     * contiguous rows). K-quant blocks are C structs with F16 fields and
+     * Q8_K's float: their rows keep 2- and 4-byte alignment, as in files
+     * and in matmul's buffers. */
+    const bool kq = sb_type_traits_of(type)->blck_size == SB_QK_K;
+    const size_t off = kq ? 4 : 1;
+    const size_t ws = row_size(type, n) + (packed ? 0 : kq ? 2 : 3), xs = x_plain + terms + (kq ? 4 : 5);
+    const size_t ldy = (size_t)nr + 2;
+    uint8_t *w = malloc(ws * (size_t)nr + off), *x = malloc(xs * (size_t)nt + off);
     uint8_t *wp = packed ? malloc(ws * (size_t)nr) : NULL;
     const size_t ny = ldy * (size_t)nt;
     float *y0 = malloc(ny * sizeof(float)), *y1 = malloc(ny * sizeof(float));
-    fill_rows(type, false, n, nr, w + 1, ws);
-    fill_rows(xt, true, n, nt, x + 1, xs);
+    fill_rows(type, false, n, nr, w + off, ws);
+    fill_rows(xt, true, n, nt, x + off, xs);
     for (int64_t t = 0; packed && p->terms && t < nt; t++)
-        p->terms(x + 1 + (size_t)t * xs, n, x + 1 + (size_t)t * xs + x_plain);
+        p->terms(x + off + (size_t)t * xs, n, x + off + (size_t)t * xs + x_plain);
     memset(y0, 0x5a, ny * sizeof(float));
     memset(y1, 0x5a, ny * sizeof(float)); /* the gaps must stay untouched */
-    ref->gemm[type](n, w + 1, ws, nr, x + 1, xs, nt, y0, ldy);
+    ref->gemm[type](n, w + off, ws, nr, x + off, xs, nt, y0, ldy);
     if (packed) {
-        p->pack(w + 1, wp, n, nr);
-        p->gemm(n, wp, ws, nr, x + 1, xs, nt, y1, ldy);
+        p->pack(w + off, wp, n, nr);
+        p->gemm(n, wp, ws, nr, x + off, xs, nt, y1, ldy);
     } else {
-        k->gemm[type](n, w + 1, ws, nr, x + 1, xs, nt, y1, ldy);
+        k->gemm[type](n, w + off, ws, nr, x + off, xs, nt, y1, ldy);
     }
     bool same = memcmp(y0, y1, ny * sizeof(float)) == 0;
     if (!same) {
@@ -327,7 +354,7 @@ static void test_scalar_gemm_is_vec_dot(void **state) {
     for (size_t ti = 0; ti < sizeof(weight_types) / sizeof(weight_types[0]); ti++) {
         const sb_type type = weight_types[ti];
         const sb_type_traits *t = sb_type_traits_of(type);
-        const int64_t n = 160, nr = 3, nt = 2;
+        const int64_t n = blocks_of(type, 160), nr = 3, nt = 2;
         const size_t ws = row_size(type, n), xs = row_size(t->vec_dot_type, n);
         uint8_t *w = malloc(ws * nr), *x = malloc(xs * nt);
         float y[6];
@@ -350,7 +377,7 @@ static void test_scalar_gemm_is_vec_dot(void **state) {
  * so k + 0.5 is an exact tie), zero blocks, huge and tiny blocks; for F16
  * and BF16 also halfway cases, overflow, subnormals, infinities and NaNs. */
 static void fill_floats(sb_type t, float *v, int64_t n) {
-    const bool q8 = t == SB_TYPE_Q8_0 || t == SB_TYPE_Q8_1;
+    const bool q8 = t == SB_TYPE_Q8_0 || t == SB_TYPE_Q8_1 || t == SB_TYPE_Q8_K;
     for (int64_t b = 0; b < n; b += 32) {
         const int mode = (int)rng_below(8);
         const int64_t end = b + 32 < n ? b + 32 : n;
@@ -397,7 +424,7 @@ static void test_act_matches_scalar(void **state) {
                 for (size_t c = 0; c < 10; c++) {
                     if (c >= 4 && !is_float)
                         break;
-                    const int64_t n = c < 4 ? ns[c] : float_ns[c - 4];
+                    const int64_t n = c < 4 ? blocks_of(t, ns[c]) : float_ns[c - 4];
                     const size_t size = row_size(t, n);
                     float *src = malloc((size_t)n * sizeof(float));
                     uint8_t *a = malloc(size), *b = malloc(size);

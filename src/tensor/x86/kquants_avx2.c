@@ -1,8 +1,10 @@
 /*
  * kquants_avx2.c - AVX2 dot products of Q4_K and Q6_K weights (the Q4_K_M
- * mixture) with Q8_K activations, and gemm entries built on them.
+ * mixture) with Q8_K activations, and gemm entries built on them (for
+ * matrices the level does not pack, x86/kquants-x86.h).
  *
- * They give the bits of the reference kernels in kquants.c, whose float
+ * They give the bits of the reference kernels in kquants.c. Q4_K's order is
+ * one integer sum per block (see there); Q6_K's float
  * order is that of ggml's AVX2 kernels: per block, eight int32 lanes where
  * lane l holds the scaled products of the elements e with (e%32)/4 == l
  * (exactly what maddubs + madd on 32-byte loads produce), one fma(D, lane,
@@ -16,6 +18,7 @@
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "tensor/kquants.h"
@@ -36,43 +39,28 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(r);
 }
 
-/* (a0+a2) + (a1+a3). */
-static inline float hsum4(__m128 r) {
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
 /* An int16 vector of a for the low 128 bits (bytes 0..15 of a 32-byte
  * load) and b for the high. */
 static inline __m256i scale_pair(int a, int b) {
     return _mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a));
 }
 
+/* Q4_K in its reference's order (kquants.c: one integer sum per block, as
+ * llama.cpp's repacked kernels): the integer work in 8 lanes, reduced to
+ * the block's sum, then the reference's two scalar fmas. */
 float sb__vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *x) {
     const sb_block_q4_K *wb = w;
     const sb_block_q8_K *xb = x;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
+    float acc = 0, accm = 0;
     for (int64_t b = 0; b < n / SB_QK_K; b++, wb++, xb++) {
-        const float D = xb->d * sb_fp16_to_fp32(wb->d);
-        const float Dmin = -xb->d * sb_fp16_to_fp32(wb->dmin);
         /* the 6-bit scales and mins of the 8 sub-blocks of 32 */
         int sc[8], m[8];
-        const uint8_t *s = wb->scales;
-        for (int j = 0; j < 4; j++) {
-            sc[j] = s[j] & 63;
-            m[j] = s[j + 4] & 63;
-            sc[j + 4] = (s[j + 8] & 0xf) | (s[j] >> 6) << 4;
-            m[j + 4] = (s[j + 8] >> 4) | (s[j + 4] >> 6) << 4;
-        }
-        /* min term: 4 groups of 64 elements, exact in int32 */
-        int32_t g[4];
-        for (int k = 0; k < 4; k++)
-            g[k] = m[2 * k] * (xb->bsums[4 * k] + xb->bsums[4 * k + 1]) +
-                   m[2 * k + 1] * (xb->bsums[4 * k + 2] + xb->bsums[4 * k + 3]);
-        accm = _mm_fmadd_ps(_mm_set1_ps(Dmin), _mm_cvtepi32_ps(_mm_loadu_si128((const __m128i *)g)), accm);
+        for (int j = 0; j < 8; j++)
+            sb__k4_scale_min(wb->scales, j, &sc[j], &m[j]);
+        int32_t imin = 0;
+        for (int j = 0; j < 8; j++)
+            imin += m[j] * (xb->bsums[2 * j] + xb->bsums[2 * j + 1]);
 
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) { /* 64 elements: low nibbles, then high */
@@ -86,9 +74,14 @@ float sb__vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *x) {
                 _mm256_madd_epi16(_mm256_set1_epi16((short)sc[2 * j + 1]), _mm256_maddubs_epi16(hi, xh));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(D), _mm256_cvtepi32_ps(sumi), acc);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256(sumi, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        const float dx = xb->d;
+        acc = fmaf((float)_mm_cvtsi128_si32(s4), sb_fp16_to_fp32(wb->d) * dx, acc);
+        accm = fmaf((float)imin, sb_fp16_to_fp32(wb->dmin) * dx, accm);
     }
-    return hsum8(acc) + hsum4(accm);
+    return acc - accm;
 }
 
 float sb__vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *x) {
