@@ -55,6 +55,8 @@ typedef struct sb_gen_params {
     bool logprobs;         /* report the chosen token's log-probability */
     bool ignore_eos;
     bool embedding;        /* no generation: report the mean-pooled, L2-normalized final hidden state */
+    struct sb_grammar *grammar; /* NULL, or the grammar the output must follow (each sequence
+                                   gets its own matcher and reference; the caller keeps its own) */
 } sb_gen_params;
 
 typedef enum sb_finish {

@@ -16,6 +16,7 @@
 #include "server/gen.h"
 #include "server/openai.h"
 #include "server/server-impl.h"
+#include "server/structured.h"
 
 /* ---- errors -------------------------------------------------------------- */
 
@@ -508,21 +509,10 @@ static bool check_model(sb_srv *srv, const cJSON *root, sb_oai_err *e) {
 }
 
 static bool parse_chat(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
-    static const char *const unsupported[] = {"tools",    "tool_choice", "functions",          "function_call",
-                                              "logit_bias", "audio",     "prediction",         "web_search_options",
-                                              NULL};
+    static const char *const unsupported[] = {"tools",      "tool_choice", "functions",          "function_call",
+                                              "audio",      "prediction",  "web_search_options", NULL};
     if (!refuse_unsupported(root, unsupported, e) || !check_model(srv, root, e))
         return false;
-    const cJSON *rf = field(root, "response_format");
-    if (rf) {
-        const cJSON *type = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
-        if (!cJSON_IsString(type))
-            return invalid(e, "response_format", "invalid_type", "'response_format' must be an object with a string 'type'");
-        if (strcmp(type->valuestring, "text") != 0)
-            return invalid(e, "response_format", "unsupported_value",
-                           "'response_format' of type '%.64s' is not supported by switchboard (only 'text')",
-                           type->valuestring);
-    }
     const cJSON *mod = field(root, "modalities");
     if (mod) {
         if (!cJSON_IsArray(mod))
@@ -534,7 +524,7 @@ static bool parse_chat(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err
     int64_t top = 0;
     r->max_tokens = 0; /* chat: until the end of generation or the context */
     if (!parse_generation(srv, root, r, e) || !get_bool(root, "logprobs", &r->logprobs, e) ||
-        !get_int(root, "top_logprobs", 0, 20, &top, NULL, e))
+        !get_int(root, "top_logprobs", 0, 20, &top, NULL, e) || !sb__srv_parse_constraints(srv, root, true, r, e))
         return false;
     if (top > 0 && !r->logprobs)
         return invalid(e, "top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs' set to true");
@@ -549,14 +539,15 @@ static bool parse_chat(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err
 }
 
 static bool parse_completion(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
-    static const char *const unsupported[] = {"logit_bias", "suffix", "echo", NULL};
+    static const char *const unsupported[] = {"suffix", "echo", NULL};
     if (!refuse_unsupported(root, unsupported, e) || !check_model(srv, root, e))
         return false;
     int64_t lp = 0, best_of = 1;
     bool lp_given = false;
     r->max_tokens = 16; /* OpenAI's default for completions */
     if (!parse_generation(srv, root, r, e) || !get_int(root, "logprobs", 0, 20, &lp, &lp_given, e) ||
-        !get_int(root, "best_of", 1, SB_OAI_MAX_CHOICES, &best_of, NULL, e))
+        !get_int(root, "best_of", 1, SB_OAI_MAX_CHOICES, &best_of, NULL, e) ||
+        !sb__srv_parse_constraints(srv, root, false, r, e))
         return false;
     if (best_of != 1 && best_of != r->n)
         return invalid(e, "best_of", "unsupported_value", "'best_of' other than n is not supported by switchboard");
@@ -635,6 +626,8 @@ void sb_oai_req_free(sb_oai_req *r) {
     sb_free(r->prompt_lens);
     for (size_t i = 0; i < r->n_stops; i++)
         sb_free(r->stops[i]);
+    sb_grammar_unref(r->grammar);
+    sb_free(r->logit_bias);
     memset(r, 0, sizeof *r);
 }
 
@@ -650,6 +643,7 @@ void sb_oai_gen_params(const sb_oai_req *r, int32_t c, sb_gen_params *out) {
         .top_logprobs = r->top_logprobs,
         .logprobs = r->logprobs,
         .embedding = r->kind == SB_OAI_EMBEDDING,
+        .grammar = r->grammar,
     };
     out->sampling.seed += (uint64_t)(c % r->n);
 }

@@ -6,7 +6,7 @@
  *
  * Parsing is strict where OpenAI is: a field of the wrong type or out of
  * range is a 400 naming it, and fields OpenAI defines but switchboard does
- * not implement (tools, logit_bias, ...) are refused by name rather than
+ * not implement (audio, prediction, ...) are refused by name rather than
  * silently ignored. Fields OpenAI does not define are ignored.
  */
 #ifndef SB_SRV_OPENAI_H
@@ -58,6 +58,9 @@ typedef struct sb_oai_req {
     bool logprobs;
     int32_t top_logprobs;
     bool base64;           /* embeddings: encoding_format "base64" */
+    struct sb_grammar *grammar; /* a reference, or NULL: response_format, grammar, tools */
+    sb_logit_bias *logit_bias;  /* n_logit_bias entries (sampling points here) */
+    int32_t n_logit_bias;
 } sb_oai_req;
 
 /* Parses `len` bytes of body for an endpoint of `kind`. On failure fills e

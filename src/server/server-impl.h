@@ -17,6 +17,7 @@
 
 #include "engine/engine.h"
 #include "model/chat.h"
+#include "sampling/grammar.h"
 #include "server/metrics.h"
 #include "server/server.h"
 
@@ -32,6 +33,7 @@ struct sb_srv {
     atomic_bool ready;    /* model loaded and engine running */
     sb_model_t *model;
     sb_chat *chat;
+    sb_grammar_vocab *gvocab; /* the vocabulary's token trie and grammar cache (structured output) */
     int32_t n_embd;
     pthread_rwlock_t engine_lock;
     sb_engine *engine;    /* NULL before load and after stop */

@@ -453,19 +453,24 @@ uint16_t sb_srv_port(const sb_srv *srv) { return srv->port; }
 sb_status sb_srv_load(sb_srv *srv, sb_error *err) {
     sb_model_t *model = NULL;
     sb_chat *chat = NULL;
+    sb_grammar_vocab *gvocab = NULL;
     sb_engine *engine = NULL;
     sb_status st = sb_model_load(srv->p.model_path, &model, err);
     if (st == SB_OK)
         st = sb_chat_create(model, &chat, err);
     if (st == SB_OK)
+        st = sb_grammar_vocab_create(model, &gvocab, err);
+    if (st == SB_OK)
         st = sb_engine_create(model, &srv->p.engine, &engine, err);
     if (st != SB_OK) {
+        sb_grammar_vocab_free(gvocab);
         sb_chat_free(chat);
         sb_model_free(model);
         return st;
     }
     srv->model = model;
     srv->chat = chat;
+    srv->gvocab = gvocab;
     srv->n_embd = model->hp.n_embd;
     pthread_rwlock_wrlock(&srv->engine_lock);
     srv->engine = engine;
@@ -488,6 +493,7 @@ void sb_srv_stop(sb_srv *srv) {
     if (srv->daemon)
         MHD_stop_daemon(srv->daemon);
     sb_chat_free(srv->chat);
+    sb_grammar_vocab_free(srv->gvocab);
     sb_model_free(srv->model);
     pthread_rwlock_destroy(&srv->engine_lock);
     sb_srv_metrics_destroy(&srv->metrics);
