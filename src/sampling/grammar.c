@@ -683,12 +683,13 @@ static bool parse_class(parser *ps, int32_t r) {
             ok = fail_at(ps, at, "unterminated character class");
             break;
         }
+        size_t item_at = ps->pos;
         int64_t lo = literal_char(ps), hi = lo;
         if (lo >= 0 && peek(ps, 0) == '-' && peek(ps, 1) != ']' && peek(ps, 1) >= 0) {
             ps->pos++;
             hi = literal_char(ps);
             if (hi >= 0 && hi < lo)
-                ok = fail_at(ps, ps->pos, "the range's end is below its start");
+                ok = fail_at(ps, item_at, "the range's end is below its start");
         }
         if (lo < 0 || hi < 0)
             ok = false;

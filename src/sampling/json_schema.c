@@ -60,12 +60,25 @@ static void puts_(sbuf *b, const char *s) { put(b, s, strlen(s)); }
 
 static void putf(sbuf *b, const char *fmt, ...) SB_PRINTF(2, 3);
 static void putf(sbuf *b, const char *fmt, ...) {
-    char tmp[256];
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
+    va_copy(again, ap);
+    char tmp[256];
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    put(b, tmp, (size_t)SB_MIN(n, (int)sizeof tmp - 1));
+    if (n >= (int)sizeof tmp) { /* long: print again into a buffer of its size */
+        char *big = sb_malloc((size_t)n + 1);
+        if (big) {
+            vsnprintf(big, (size_t)n + 1, fmt, again);
+            put(b, big, (size_t)n);
+        } else {
+            b->oom = true;
+        }
+        sb_free(big);
+    } else if (n > 0) {
+        put(b, tmp, (size_t)n);
+    }
+    va_end(again);
 }
 
 /* A GBNF string literal of n bytes. */
@@ -87,7 +100,7 @@ static void put_literal(sbuf *b, const char *s, size_t n) {
 enum { P_SPACE = 1, P_CHAR = 2, P_STRING = 4, P_NUMBER = 8, P_INTEGER = 16, P_VALUE = 32, P_KCHAR = 64 };
 
 static const char *const primitive_rules[] = {
-    "space ::= | \" \" | \"\\n\" [ \\t]{0,20}\n",
+    "space ::= | \" \"\n", /* compact, as OpenAI writes it; one optional blank between tokens */
     "char ::= [^\"\\\\\\x00-\\x1F\\x7F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n",
     "string ::= \"\\\"\" char* \"\\\"\" space\n",
     "number ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15}) (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})? space\n",
