@@ -1451,3 +1451,60 @@ sb_status sb_json_schema_to_gbnf(const cJSON *schema, char **gbnf, size_t *len, 
     *len = all.n;
     return SB_OK;
 }
+
+/* Prefixes every rule name of GBNF text: identifiers outside literals,
+ * classes, repetition counts and comments. */
+static bool prefix_names(const char *in, size_t n, const char *prefix, sbuf *out) {
+    size_t plen = strlen(prefix);
+    for (size_t i = 0; i < n;) {
+        char ch = in[i];
+        if (ch == '"' || ch == '[') {
+            char end = ch == '"' ? '"' : ']';
+            size_t j = i + 1;
+            while (j < n && in[j] != end)
+                j += in[j] == '\\' ? 2 : 1;
+            j = SB_MIN(j + 1, n);
+            put(out, in + i, j - i);
+            i = j;
+        } else if (ch == '{' || ch == '#') {
+            size_t j = i;
+            while (j < n && in[j] != (ch == '{' ? '}' : '\n'))
+                j++;
+            j = SB_MIN(j + 1, n);
+            put(out, in + i, j - i);
+            i = j;
+        } else if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+                   ch == '_') {
+            size_t j = i;
+            while (j < n && ((in[j] >= 'a' && in[j] <= 'z') || (in[j] >= 'A' && in[j] <= 'Z') ||
+                             (in[j] >= '0' && in[j] <= '9') || in[j] == '-' || in[j] == '_'))
+                j++;
+            put(out, prefix, plen);
+            put(out, in + i, j - i);
+            i = j;
+        } else {
+            put(out, &ch, 1);
+            i++;
+        }
+    }
+    return !out->oom;
+}
+
+sb_status sb_json_schema_to_gbnf_prefixed(const cJSON *schema, const char *prefix, char **gbnf, size_t *len,
+                                          sb_error *err) {
+    char *plain;
+    size_t n;
+    sb_status st = sb_json_schema_to_gbnf(schema, &plain, &n, err);
+    if (st != SB_OK)
+        return st;
+    sbuf out = {0};
+    bool ok = prefix_names(plain, n, prefix, &out);
+    sb_free(plain);
+    if (!ok) {
+        sb_free(out.p);
+        return sb_fail(err, SB_ERR_NOMEM, "json schema: out of memory");
+    }
+    *gbnf = out.p;
+    *len = out.n;
+    return SB_OK;
+}

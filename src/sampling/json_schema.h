@@ -24,4 +24,9 @@ struct cJSON;
  * SB_ERR_INVALID_ARG (a malformed schema), err naming keyword and path. */
 sb_status sb_json_schema_to_gbnf(const struct cJSON *schema, char **gbnf, size_t *len, sb_error *err);
 
+/* The same with every rule name prefixed (the start rule is prefix +
+ * "root"), so that several schemas' rules can share one grammar. */
+sb_status sb_json_schema_to_gbnf_prefixed(const struct cJSON *schema, const char *prefix, char **gbnf, size_t *len,
+                                          sb_error *err);
+
 #endif

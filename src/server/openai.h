@@ -59,6 +59,11 @@ typedef struct sb_oai_req {
     int32_t top_logprobs;
     bool base64;           /* embeddings: encoding_format "base64" */
     struct sb_grammar *grammar; /* a reference, or NULL: response_format, grammar, tools */
+    enum { SB_OAI_TOOLS_NONE, SB_OAI_TOOLS_AUTO, SB_OAI_TOOLS_REQUIRED } tool_mode;
+    int tool_family;            /* sb_tool_family (server/tools.h) */
+    bool parallel_tools;
+    struct cJSON *tools;        /* the request's tools (owned), unless tool_mode is NONE */
+    char *tools_json;           /* their JSON text, for the chat template (cJSON_free) */
     sb_logit_bias *logit_bias;  /* n_logit_bias entries (sampling points here) */
     int32_t n_logit_bias;
 } sb_oai_req;
@@ -82,6 +87,7 @@ typedef struct sb_oai_choice {
     float *embedding;       /* owned */
     int32_t n_embd;
     char *error;            /* owned; SB_FINISH_ERROR */
+    struct sb_tool_stream *tools; /* streaming with tools: what is held back (owned) */
 } sb_oai_choice;
 
 /* The answer being built for one request. */
