@@ -153,11 +153,12 @@ for (const f of families) {
     const answer = await llm.bindTools([addTool]).invoke([new HumanMessage('Add 2 and 3.'), ai, result]);
     assert.ok(answer);
 
-    const Person = z.object({ name: z.string().max(8), age: z.number().int().min(0).max(120) });
+    // Bounded by enum and range: a random model ends such an answer in a few tokens.
+    const Person = z.object({ name: z.enum(['ann', 'bob', 'cy']), age: z.number().int().min(0).max(120) });
     for (const method of ['jsonSchema', 'functionCalling']) {
       const structured = llm.withStructuredOutput(Person, { method, name: 'person' });
       const p = await structured.invoke('Make up a person.');
-      assert.equal(typeof p.name, 'string');
+      assert.ok(['ann', 'bob', 'cy'].includes(p.name), JSON.stringify(p));
       assert.ok(Number.isInteger(p.age) && p.age >= 0 && p.age <= 120, JSON.stringify(p));
     }
 

@@ -175,11 +175,15 @@ static void test_errors_name_line_and_column(void **state) {
 
 static bool bit(const uint32_t *mask, int32_t t) { return mask[t >> 5] >> (t & 31) & 1; }
 
-/* Every token's bit against testing the token alone. */
+/* Tokens' bits against testing each token alone: every token of a small
+ * vocabulary, every 7th of a large one. */
 static void check_mask(const sb_model_t *model, sb_grammar_matcher *m, const uint32_t *mask) {
     const sb_vocab *v = model->vocab;
     bool accepting = sb_grammar_matcher_accepting(m);
+    int32_t stride = v->n_tokens > 10000 ? 7 : 1;
     for (int32_t t = 0; t < v->n_tokens; t++) {
+        if (t % stride)
+            continue;
         const sb_vocab_token *tk = &v->tokens[t];
         bool want;
         if (sb_vocab_is_eog(v, t))
@@ -267,7 +271,7 @@ static void masks_on(const char *fixture_path) {
         sb_grammar *again = fixture(v, names[i]);
         assert_ptr_equal(g, again); /* cached by text */
         sb_grammar_unref(again);
-        int ended = random_walks(model, g, 6, 400, 3, i == 0);
+        int ended = random_walks(model, g, 4, 200, 2, i == 0);
         if (i == 0 && ended == 0)
             fail_msg("%s: no JSON walk ended", fixture_path);
         sb_grammar_unref(g);
