@@ -238,7 +238,8 @@ bool sb__srv_parse_tools(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_e
     if (r->tool_mode == SB_OAI_TOOLS_NONE)
         return true;
     r->tool_family = sb__tools_family(sb_chat_source(srv->chat));
-    if (r->tool_family == SB_TOOLS_LLAMA3)
+    /* A named function is one call, as OpenAI answers it; Llama 3's template renders one per turn. */
+    if (only || r->tool_family == SB_TOOLS_LLAMA3)
         r->parallel_tools = false;
     if (!(r->tools = cJSON_Duplicate(tools, true)) || !(r->tools_json = cJSON_PrintUnformatted(tools))) {
         sb_oai_err_set(e, 500, "server_error", NULL, "tools", "out of memory");

@@ -102,7 +102,7 @@ for (const f of families) {
     for (let i = 0; i < REPEAT; i++) {
       for (const tool_choice of ['required', { type: 'function', function: { name: 'add' } }]) {
         const only = typeof tool_choice === 'object' ? 'add' : null;
-        const body = { model: 'x', messages, tools, tool_choice, max_tokens: 400, seed: i, temperature: i % 2 ? 1 : 0.7,
+        const body = { model: 'x', messages, tools, tool_choice, max_tokens: 1000, seed: i, temperature: i % 2 ? 1 : 0.7,
           parallel_tool_calls: i % 3 !== 0 };
         const whole = await f.client.chat.completions.create(body);
         const calls = checkCalls(whole.choices[0], only);
