@@ -262,7 +262,8 @@ static void push_todo(scratch *sc, const int32_t *st, int32_t len, int32_t top) 
         sc->oom = true;
         return;
     }
-    memcpy(sc->todo + sc->n_todo, st, (size_t)len * sizeof(int32_t));
+    if (len)
+        memcpy(sc->todo + sc->n_todo, st, (size_t)len * sizeof(int32_t));
     sc->todo[sc->n_todo + (size_t)len] = top;
     sc->todo[sc->n_todo + (size_t)len + 1] = len + 1;
     sc->n_todo += (size_t)len + 2;
@@ -507,7 +508,8 @@ static int32_t add_set(parser *ps, const range *rs, size_t n, bool negate) {
     cs->first = (uint32_t)ps->n_ranges;
     cs->n = (uint32_t)n;
     cs->negate = negate;
-    memcpy(ps->ranges + ps->n_ranges, rs, n * sizeof(range));
+    if (n)
+        memcpy(ps->ranges + ps->n_ranges, rs, n * sizeof(range));
     ps->n_ranges += n;
     for (uint32_t cp = 0; cp < 128; cp++) {
         bool in = false;

@@ -263,7 +263,8 @@ async function runSchema(client, m, name, schema, count) {
   await Promise.all(jobs);
 }
 
-for (const m of models) {
+// Under sanitizers the sweep keeps to the small vocabulary (large ones: the GBNF and logit_bias tests).
+for (const m of SANITIZED ? models.slice(0, 1) : models) {
   test(`every answer validates against its schema (${m.name} vocabulary)`, async () => {
     const srv = await serverFor(m);
     const client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: 'none', maxRetries: 0 });
