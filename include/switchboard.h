@@ -192,6 +192,12 @@ void sb_ctx_reset(sb_ctx_t *ctx);
 
 typedef struct sb_sampler sb_sampler_t;
 
+/* A bias added to one token's logit before sampling (OpenAI's logit_bias). */
+typedef struct sb_logit_bias {
+    int32_t token;
+    float bias; /* -100 .. 100; -100 bans the token */
+} sb_logit_bias;
+
 typedef struct sb_sampler_params {
     float temperature;        /* <= 0: greedy (argmax, lowest id on ties) */
     int32_t top_k;            /* <= 0: off */
@@ -202,6 +208,8 @@ typedef struct sb_sampler_params {
     float frequency_penalty;  /* 0: off; OpenAI semantics */
     float presence_penalty;   /* 0: off; OpenAI semantics */
     uint64_t seed;            /* same seed + same logits = same tokens */
+    const sb_logit_bias *logit_bias; /* n_logit_bias entries, copied by create; NULL: none */
+    int32_t n_logit_bias;
 } sb_sampler_params;
 sb_sampler_params sb_sampler_default_params(void);
 
@@ -210,6 +218,10 @@ sb_status sb_sampler_create(const sb_sampler_params *params, int32_t n_vocab, sb
 void sb_sampler_free(sb_sampler_t *sampler);
 /* Picks the next token from logits (n_vocab floats, not modified). */
 int32_t sb_sampler_sample(sb_sampler_t *sampler, const float *logits);
+/* The same among the tokens whose bit is set in `allowed` (n_vocab bits,
+ * bit t of word t / 32; NULL: all), e.g. a grammar's mask: the others are
+ * banned before penalties' results, filters and the draw see them. */
+int32_t sb_sampler_sample_masked(sb_sampler_t *sampler, const float *logits, const uint32_t *allowed);
 /* Records a token of the sequence (prompt or generated) for the penalties. */
 void sb_sampler_accept(sb_sampler_t *sampler, int32_t token);
 

@@ -32,6 +32,7 @@
 #include "engine/engine.h"
 #include "engine/executor.h"
 #include "model/model.h"
+#include "sampling/grammar.h"
 #include "sampling/stop.h"
 
 #define MAX_TOP_LOGPROBS 20
@@ -55,6 +56,7 @@ typedef struct seq {
     int64_t admitted;     /* admission order; among equal priorities preemption takes the highest */
 
     sb_sampler_t *sampler;
+    sb_grammar_matcher *grammar; /* NULL: unconstrained */
     sb_detok_t *detok;
     sb_stop_t *stop;
     char *text; /* detokenizer + stop-matcher output of one step */
@@ -118,6 +120,7 @@ static void seq_free(seq *s) {
     if (!s)
         return;
     sb_sampler_free(s->sampler);
+    sb_grammar_matcher_free(s->grammar);
     sb_detok_free(s->detok);
     sb_stop_free(s->stop);
     sb_free(s->tokens);
@@ -148,6 +151,8 @@ static sb_status seq_create(const sb_engine *e, const sb_gen_params *p, seq **ou
     s->p = *p;
     s->p.prompt = NULL;
     s->p.stops = NULL;
+    s->p.grammar = NULL;
+    s->p.sampling.logit_bias = NULL; /* copied by the sampler */
     s->n_prompt = s->n_tokens = p->n_prompt;
     s->cap_tokens = p->n_prompt + 64;
     s->tokens = sb_malloc((size_t)s->cap_tokens * sizeof(int32_t));
@@ -165,6 +170,8 @@ static sb_status seq_create(const sb_engine *e, const sb_gen_params *p, seq **ou
             st = sb_detok_create(m, false, &s->detok, err);
         if (st == SB_OK)
             st = sb_stop_create(p->stops, p->n_stops, &s->stop, err);
+        if (st == SB_OK && p->grammar)
+            st = sb_grammar_matcher_create(p->grammar, &s->grammar, err);
     }
     if (st != SB_OK) {
         seq_free(s);
@@ -294,7 +301,8 @@ static void sample_one(void *arg, int64_t i, int ith) {
     sb_engine *e = arg;
     seq *s = e->sampling[i];
     const int32_t n_vocab = e->model->hp.n_vocab;
-    s->sampled = sb_sampler_sample(s->sampler, s->logits);
+    const uint32_t *allowed = s->grammar ? sb_grammar_matcher_mask(s->grammar) : NULL;
+    s->sampled = sb_sampler_sample_masked(s->sampler, s->logits, allowed);
     s->n_top = 0;
     if (s->p.logprobs || s->p.top_logprobs > 0) {
         float *lp = e->logprobs + (size_t)ith * n_vocab;
@@ -320,6 +328,8 @@ static bool advance(sb_engine *e, seq *s, sb_finish *why) {
         return false;
     }
     sb_sampler_accept(s->sampler, tok);
+    if (s->grammar)
+        sb_grammar_matcher_accept_token(s->grammar, tok); /* the mask allowed it */
     s->n_generated++;
     sb_gen_event ev = {.kind = SB_GEN_TOKEN, .token = tok};
     if (s->p.logprobs || s->p.top_logprobs > 0) {

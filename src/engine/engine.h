@@ -64,6 +64,8 @@ typedef struct sb_gen_params {
     bool ignore_eos;
     bool embedding;        /* no generation: report the mean-pooled, L2-normalized final hidden state */
     int32_t priority;      /* higher is served first, across the executor's engines too; 0: the default tier */
+    struct sb_grammar *grammar; /* NULL, or the grammar the output must follow (each sequence
+                                   gets its own matcher and reference; the caller keeps its own) */
 } sb_gen_params;
 
 typedef enum sb_finish {

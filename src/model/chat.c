@@ -13,6 +13,7 @@ struct sb_chat {
     const sb_model *model;
     sb_tpl *tpl;
     const char *bos, *eos; /* token texts (owned by the model), or NULL */
+    char *source;          /* the template's text (tool-call syntax is told from it) */
     char what[256];        /* for sb_chat_describe */
 };
 
@@ -36,6 +37,11 @@ sb_status sb_chat_create(const sb_model_t *model, sb_chat **out, sb_error *err) 
     if (sb_gguf_get_str(model->gguf, "tokenizer.chat_template", &src, NULL) == SB_OK) {
         if (sb_tpl_parse(src.ptr, (size_t)src.len, &c->tpl, &tpl_err) == SB_OK) {
             snprintf(c->what, sizeof c->what, "the model's chat template");
+            if (!(c->source = sb_strndup(src.ptr, (size_t)src.len))) {
+                sb_chat_free(c);
+                *out = NULL;
+                return sb_fail(err, SB_ERR_NOMEM, "chat template: out of memory");
+            }
             return SB_OK;
         }
         snprintf(c->what, sizeof c->what, "built-in ChatML: the model's template is not usable (%.180s)", tpl_err.msg);
@@ -70,16 +76,25 @@ void sb_chat_free(sb_chat *chat) {
     if (!chat)
         return;
     sb_tpl_free(chat->tpl);
+    sb_free(chat->source);
     sb_free(chat);
 }
 
 const char *sb_chat_describe(const sb_chat *chat) { return chat->what; }
 
+const char *sb_chat_source(const sb_chat *chat) { return chat->source ? chat->source : sb_tpl_builtin_source("chatml"); }
+
 sb_status sb_chat_tokenize(const sb_chat *chat, const char *messages_json, int32_t **ids, size_t *n, sb_error *err) {
+    return sb_chat_tokenize_tools(chat, messages_json, NULL, ids, n, err);
+}
+
+sb_status sb_chat_tokenize_tools(const sb_chat *chat, const char *messages_json, const char *tools_json, int32_t **ids,
+                                 size_t *n, sb_error *err) {
     *ids = NULL;
     *n = 0;
     sb_tpl_chat c = {
         .messages_json = messages_json,
+        .tools_json = tools_json,
         .add_generation_prompt = true,
         .bos_token = chat->bos,
         .eos_token = chat->eos,

@@ -35,5 +35,12 @@ const char *sb_chat_describe(const sb_chat *chat);
  * (raise_exception, bad JSON) and SB_ERR_UNSUPPORTED for template features
  * the engine lacks; err says why. */
 sb_status sb_chat_tokenize(const sb_chat *chat, const char *messages_json, int32_t **ids, size_t *n, sb_error *err);
+/* The same with the request's tools (a JSON array, or NULL for none) given
+ * to the template, which writes them into the prompt. Messages may carry
+ * tool_calls and tool results (role "tool"). */
+sb_status sb_chat_tokenize_tools(const sb_chat *chat, const char *messages_json, const char *tools_json, int32_t **ids,
+                                 size_t *n, sb_error *err);
+/* The template's Jinja text (the built-in ChatML when the model has none). */
+const char *sb_chat_source(const sb_chat *chat);
 
 #endif

@@ -63,6 +63,7 @@ typedef struct inst {
     int64_t keep_alive_ms;
     sb_model_t *model;
     sb_chat *chat;
+    sb_grammar_vocab *gvocab;
     sb_engine *engine;
 } inst;
 
@@ -320,6 +321,8 @@ static sb_status inst_build(sb_registry *reg, inst *i, sb_error *err) {
     } else if (st == SB_OK) {
         st = sb_chat_create(i->model, &i->chat, err);
     }
+    if (st == SB_OK)
+        st = sb_grammar_vocab_create(i->model, &i->gvocab, err);
     if (st == SB_OK) {
         i->n_ctx = entry_n_ctx(reg, cfg, sb_model_n_ctx_train(i->model));
         sb_engine_params ep = engine_params(reg, cfg, i->n_ctx);
@@ -335,6 +338,7 @@ static sb_status inst_build(sb_registry *reg, inst *i, sb_error *err) {
 /* Frees what inst_build made (without the lock; nobody else can reach i). */
 static void inst_destroy(inst *i) {
     sb_engine_free(i->engine);
+    sb_grammar_vocab_free(i->gvocab);
     sb_chat_free(i->chat);
     sb_model_free(i->model);
     sb_free(i);
@@ -1010,6 +1014,7 @@ void sb_reg_lease_release(sb_reg_lease *l, double keep_alive_s) {
 
 const sb_model_t *sb_reg_lease_model(const sb_reg_lease *l) { return l->inst->model; }
 const sb_chat *sb_reg_lease_chat(const sb_reg_lease *l) { return l->inst->chat; }
+sb_grammar_vocab *sb_reg_lease_gvocab(const sb_reg_lease *l) { return l->inst->gvocab; }
 sb_engine *sb_reg_lease_engine(const sb_reg_lease *l) { return l->inst->engine; }
 const sb_regfile_model *sb_reg_lease_config(const sb_reg_lease *l) { return l->cfg; }
 const char *sb_reg_lease_name(const sb_reg_lease *l) { return l->cfg->name; }

@@ -45,6 +45,7 @@
 #include "engine/executor.h"
 #include "model/chat.h"
 #include "registry/regfile.h"
+#include "sampling/grammar.h"
 #include "switchboard.h"
 
 typedef struct sb_registry sb_registry;
@@ -101,6 +102,8 @@ void sb_reg_lease_release(sb_reg_lease *lease, double keep_alive_s);
 
 const sb_model_t *sb_reg_lease_model(const sb_reg_lease *l);
 const sb_chat *sb_reg_lease_chat(const sb_reg_lease *l);
+/* The model's vocabulary as grammars see it (structured output), built at load. */
+sb_grammar_vocab *sb_reg_lease_gvocab(const sb_reg_lease *l);
 sb_engine *sb_reg_lease_engine(const sb_reg_lease *l);
 /* The entry's configuration (defaults, system prompt, prices); valid while leased. */
 const sb_regfile_model *sb_reg_lease_config(const sb_reg_lease *l);

@@ -2,7 +2,8 @@
  * sampler.c - picks the next token from a vector of logits.
  *
  * The pipeline is llama.cpp's default chain, so users get the behaviour they
- * know: repetition penalties over a window of recent tokens, then either the
+ * know: repetition penalties over a window of recent tokens, logit biases
+ * and a grammar's mask (banned tokens become -inf), then either the
  * greedy argmax (temperature 0) or top-k -> top-p -> min-p -> temperature ->
  * softmax -> a seeded random draw. Top-p and min-p see probabilities at
  * temperature 1, as in llama.cpp.
@@ -50,6 +51,7 @@ struct sb_sampler {
     int32_t n_recent;    /* tokens in the ring, <= repeat_last_n */
     int32_t recent_next; /* slot the next accepted token overwrites */
     int32_t *counts;     /* (n_vocab) occurrences of each token in the ring; NULL if no penalty */
+    sb_logit_bias *bias; /* (params.n_logit_bias) copied; banned ones carry -inf */
     sb_rng rng;          /* seeded once; one draw per sampled token */
 };
 
@@ -93,6 +95,18 @@ static sb_status check_params(const sb_sampler_params *p, int32_t n_vocab, sb_er
     if (!isfinite(p->presence_penalty))
         return sb_fail(err, SB_ERR_INVALID_ARG, "sampler: presence_penalty must be finite, got %g",
                        (double)p->presence_penalty);
+    if (p->n_logit_bias < 0 || (p->n_logit_bias > 0 && !p->logit_bias))
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sampler: logit_bias has %d entries and no array",
+                       (int)p->n_logit_bias);
+    for (int32_t i = 0; i < p->n_logit_bias; i++) {
+        const sb_logit_bias *b = &p->logit_bias[i];
+        if (b->token < 0 || b->token >= n_vocab)
+            return sb_fail(err, SB_ERR_INVALID_ARG, "sampler: logit_bias token %d is outside the vocabulary (0..%d)",
+                           (int)b->token, (int)n_vocab - 1);
+        if (!(b->bias >= -100.0f && b->bias <= 100.0f))
+            return sb_fail(err, SB_ERR_INVALID_ARG, "sampler: logit_bias of token %d must be in [-100, 100], got %g",
+                           (int)b->token, (double)b->bias);
+    }
     return SB_OK;
 }
 
@@ -129,6 +143,17 @@ sb_status sb_sampler_create(const sb_sampler_params *params, int32_t n_vocab, sb
         s->counts = sb_calloc((size_t)n_vocab, sizeof(*s->counts));
         ok = s->recent && s->counts;
     }
+    if (ok && p.n_logit_bias > 0) {
+        /* -100 is OpenAI's "ban": exactly, not a logit merely lowered by 100. */
+        s->bias = sb_malloc((size_t)p.n_logit_bias * sizeof(*s->bias));
+        ok = s->bias != NULL;
+        for (int32_t i = 0; ok && i < p.n_logit_bias; i++) {
+            s->bias[i] = p.logit_bias[i];
+            if (s->bias[i].bias <= -100.0f)
+                s->bias[i].bias = -INFINITY;
+        }
+    }
+    s->params.logit_bias = NULL; /* the caller's array is not kept */
     if (!ok) {
         sb_sampler_free(s);
         return sb_fail(err, SB_ERR_NOMEM, "sampler: out of memory for a vocabulary of %d tokens", (int)n_vocab);
@@ -148,6 +173,7 @@ void sb_sampler_free(sb_sampler_t *s) {
     sb_free(s->ranked);
     sb_free(s->recent);
     sb_free(s->counts);
+    sb_free(s->bias);
     sb_free(s);
 }
 
@@ -244,14 +270,33 @@ SB_VECTOR_CLONES static size_t first_index(const float *v, size_t n, float x) {
     return i;
 }
 
-/* Copies logits into s->logits, penalised and tamed; returns the largest. */
-static float load_logits(sb_sampler_t *s, const float *logits) {
+/* Bans (-inf) the tokens whose bit is clear, a word of 32 at a time: a
+ * grammar's mask is mostly all-ones or all-zeros words. */
+static void apply_mask(float *v, size_t n, const uint32_t *allowed) {
+    for (size_t w = 0; w * 32 < n; w++) {
+        uint32_t bits = allowed[w];
+        size_t i0 = w * 32, i1 = i0 + 32 < n ? i0 + 32 : n;
+        if (bits == UINT32_MAX && i1 - i0 == 32)
+            continue;
+        for (size_t i = i0; i < i1; i++)
+            if (!(bits >> (i - i0) & 1))
+                v[i] = -INFINITY;
+    }
+}
+
+/* Copies logits into s->logits, penalised, biased, masked and tamed;
+ * returns the largest. */
+static float load_logits(sb_sampler_t *s, const float *logits, const uint32_t *allowed) {
     float *v = s->logits;
     const size_t n = (size_t)s->n_vocab;
-    if (!s->counts)
+    if (!s->counts && !s->bias && !allowed)
         return tame_max(v, logits, n);
     memcpy(v, logits, n * sizeof(*v));
     apply_penalties(s);
+    for (int32_t i = 0; s->bias && i < s->params.n_logit_bias; i++)
+        v[s->bias[i].token] += s->bias[i].bias;
+    if (allowed)
+        apply_mask(v, n, allowed);
     return tame_max(v, v, n);
 }
 
@@ -482,8 +527,10 @@ static int32_t draw(sb_sampler_t *s, float *w, const int32_t *ids, size_t n, flo
     return ids ? ids[chosen] : (int32_t)chosen;
 }
 
-int32_t sb_sampler_sample(sb_sampler_t *s, const float *logits) {
-    const float max = load_logits(s, logits);
+int32_t sb_sampler_sample(sb_sampler_t *s, const float *logits) { return sb_sampler_sample_masked(s, logits, NULL); }
+
+int32_t sb_sampler_sample_masked(sb_sampler_t *s, const float *logits, const uint32_t *allowed) {
+    const float max = load_logits(s, logits, allowed);
     /* Greedy: the best token, the lowest id among ties; with everything
      * banned there is no preference, and the same rule picks token 0. */
     if (s->params.temperature == 0.0f || max == -INFINITY)

@@ -18,6 +18,8 @@
 #include "server/gen.h"
 #include "server/openai.h"
 #include "server/server-impl.h"
+#include "server/structured.h"
+#include "server/tools.h"
 
 /* ---- errors -------------------------------------------------------------- */
 
@@ -348,18 +350,19 @@ static cJSON *normalize_messages(const cJSON *root, bool optional, sb_oai_err *e
             goto fail;
         }
         const char *r = role->valuestring;
-        if (strcmp(r, "tool") == 0 || strcmp(r, "function") == 0) {
-            invalid(e, param, "unsupported_value", "'%s' is '%s': tool calling is not supported by switchboard", param,
-                    r);
+        if (strcmp(r, "function") == 0) {
+            invalid(e, param, "unsupported_value", "'%s' is 'function' (deprecated): use 'tool' messages", param);
             goto fail;
         }
-        if (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && strcmp(r, "assistant")) {
+        if (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && strcmp(r, "assistant") &&
+            strcmp(r, "tool")) {
             char q[80];
-            invalid(e, param, "invalid_value", "'%s' must be one of system, developer, user, assistant; got '%s'",
-                    param, sb_oai_quote(r, strlen(r), 64, q, sizeof q));
+            invalid(e, param, "invalid_value",
+                    "'%s' must be one of system, developer, user, assistant, tool; got '%s'", param,
+                    sb_oai_quote(r, strlen(r), 64, q, sizeof q));
             goto fail;
         }
-        static const char *const unsupported[] = {"tool_calls", "function_call", "audio", NULL};
+        static const char *const unsupported[] = {"function_call", "audio", NULL};
         for (const char *const *u = unsupported; *u; u++)
             if (asks(cJSON_GetObjectItemCaseSensitive(m, *u))) {
                 snprintf(param, sizeof param, "messages[%d].%s", i, *u);
@@ -416,6 +419,8 @@ static cJSON *normalize_messages(const cJSON *root, bool optional, sb_oai_err *e
         cJSON_AddStringToObject(o, "role", strcmp(r, "developer") == 0 ? "system" : r);
         cJSON_AddStringToObject(o, "content", text.p ? text.p : "");
         cJSON_AddItemToArray(out, o);
+        if (!sb__tools_message(m, o, i, e))
+            goto fail;
         i++;
     }
     if (text.failed) {
@@ -470,7 +475,7 @@ static bool chat_prompt(const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
     int32_t *ids;
     size_t n;
     sb_error err;
-    sb_status st = sb_chat_tokenize(sb_reg_lease_chat(r->lease), json, &ids, &n, &err);
+    sb_status st = sb_chat_tokenize_tools(sb_reg_lease_chat(r->lease), json, r->tools_json, &ids, &n, &err);
     cJSON_free(json);
     if (st == SB_ERR_NOMEM) {
         sb_oai_err_set(e, 500, "server_error", NULL, "messages", "%s", err.msg);
@@ -679,22 +684,11 @@ static bool route_model(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_er
 }
 
 static bool parse_chat(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
-    static const char *const unsupported[] = {"tools",    "tool_choice", "functions",          "function_call",
-                                              "logit_bias", "audio",     "prediction",         "web_search_options",
+    static const char *const unsupported[] = {"functions", "function_call", "audio", "prediction", "web_search_options",
                                               NULL};
     if (!refuse_unsupported(root, unsupported, e) || !library_prompt(srv, root, "prompt", r, e) ||
         !route_model(srv, root, r, e))
         return false;
-    const cJSON *rf = field(root, "response_format");
-    if (rf) {
-        const cJSON *type = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
-        if (!cJSON_IsString(type))
-            return invalid(e, "response_format", "invalid_type", "'response_format' must be an object with a string 'type'");
-        if (strcmp(type->valuestring, "text") != 0)
-            return invalid(e, "response_format", "unsupported_value",
-                           "'response_format' of type '%.64s' is not supported by switchboard (only 'text')",
-                           type->valuestring);
-    }
     const cJSON *mod = field(root, "modalities");
     if (mod) {
         if (!cJSON_IsArray(mod))
@@ -706,7 +700,8 @@ static bool parse_chat(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err
     int64_t top = 0;
     r->max_tokens = 0; /* chat: until the end of generation or the context */
     if (!parse_generation(srv, root, r, e) || !get_bool(root, "logprobs", &r->logprobs, e) ||
-        !get_int(root, "top_logprobs", 0, 20, &top, NULL, e))
+        !get_int(root, "top_logprobs", 0, 20, &top, NULL, e) || !sb__srv_parse_constraints(srv, root, true, r, e) ||
+        !sb__srv_parse_tools(srv, root, r, e))
         return false;
     if (top > 0 && !r->logprobs)
         return invalid(e, "top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs' set to true");
@@ -721,7 +716,7 @@ static bool parse_chat(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err
 }
 
 static bool parse_completion(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
-    static const char *const unsupported[] = {"logit_bias", "suffix", "echo", NULL};
+    static const char *const unsupported[] = {"suffix", "echo", NULL};
     if (!refuse_unsupported(root, unsupported, e) || !library_prompt(srv, root, "prompt", r, e) ||
         !route_model(srv, root, r, e))
         return false;
@@ -729,7 +724,8 @@ static bool parse_completion(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_o
     bool lp_given = false;
     r->max_tokens = 16; /* OpenAI's default for completions */
     if (!parse_generation(srv, root, r, e) || !get_int(root, "logprobs", 0, 20, &lp, &lp_given, e) ||
-        !get_int(root, "best_of", 1, SB_OAI_MAX_CHOICES, &best_of, NULL, e))
+        !get_int(root, "best_of", 1, SB_OAI_MAX_CHOICES, &best_of, NULL, e) ||
+        !sb__srv_parse_constraints(srv, root, false, r, e))
         return false;
     if (best_of != 1 && best_of != r->n)
         return invalid(e, "best_of", "unsupported_value", "'best_of' other than n is not supported by switchboard");
@@ -883,6 +879,11 @@ void sb_oai_req_free(sb_oai_req *r) {
     sb_free(r->prompt_lens);
     for (size_t i = 0; i < r->n_stops; i++)
         sb_free(r->stops[i]);
+    /* The grammar may point into the serving model's vocabulary tables: it goes first. */
+    sb_grammar_unref(r->grammar);
+    sb_free(r->logit_bias);
+    cJSON_Delete(r->tools);
+    cJSON_free(r->tools_json);
     sb_reg_lease_release(r->lease, r->keep_alive_s);
     if (r->library_file)
         sb_registry_file_release(r->reg, r->library_file);
@@ -902,6 +903,7 @@ void sb_oai_gen_params(const sb_oai_req *r, int32_t c, sb_gen_params *out) {
         .top_logprobs = r->top_logprobs,
         .logprobs = r->logprobs,
         .embedding = r->kind == SB_OAI_EMBEDDING,
+        .grammar = r->grammar,
     };
     out->sampling.seed += (uint64_t)(c % r->n);
 }
@@ -926,6 +928,9 @@ void sb_oai_resp_free(sb_oai_resp *r) {
         cJSON_Delete(c->logprobs);
         sb_free(c->embedding);
         sb_free(c->error);
+        if (c->tools)
+            sb__tools_stream_free(c->tools);
+        sb_free(c->tools);
     }
     sb_free(r->choices);
     r->choices = NULL;
@@ -1140,11 +1145,21 @@ bool sb_oai_resp_body(sb_oai_resp *r, sb_srv_buf *out, sb_oai_err *e) {
             sb_oai_choice *c = &r->choices[i];
             cJSON *ch = cJSON_CreateObject();
             cJSON_AddNumberToObject(ch, "index", i);
+            cJSON *calls = NULL;
             if (chat) {
                 cJSON *msg = cJSON_AddObjectToObject(ch, "message");
                 cJSON_AddStringToObject(msg, "role", "assistant");
-                cJSON_AddStringToObject(msg, "content", c->text.p ? c->text.p : "");
+                char *content = NULL;
+                if (r->req->tool_mode != SB_OAI_TOOLS_NONE)
+                    calls = sb__tools_parse(r->srv, r->req, c->text.p ? c->text.p : "", c->text.len, &content);
+                if (calls && (!content || !content[0]))
+                    cJSON_AddNullToObject(msg, "content");
+                else
+                    cJSON_AddStringToObject(msg, "content", content ? content : c->text.p ? c->text.p : "");
+                sb_free(content);
                 cJSON_AddNullToObject(msg, "refusal");
+                if (calls)
+                    cJSON_AddItemToObject(msg, "tool_calls", calls);
             } else {
                 cJSON_AddStringToObject(ch, "text", c->text.p ? c->text.p : "");
             }
@@ -1161,7 +1176,7 @@ bool sb_oai_resp_body(sb_oai_resp *r, sb_srv_buf *out, sb_oai_err *e) {
             } else {
                 cJSON_AddNullToObject(ch, "logprobs");
             }
-            cJSON_AddStringToObject(ch, "finish_reason", finish_reason(c->finish));
+            cJSON_AddStringToObject(ch, "finish_reason", calls ? "tool_calls" : finish_reason(c->finish));
             cJSON_AddItemToArray(choices, ch);
         }
         cJSON_AddItemToObject(o, "usage", usage_json(r));
@@ -1213,6 +1228,57 @@ static cJSON *content_delta(const char *text) {
     return d;
 }
 
+/* A streamed chat answer with tools: content is sent while it cannot still
+ * open a call; at the end, the calls, each as a delta with its id and name
+ * and then a delta of its arguments. Returns whether ev ends the choice;
+ * *finish becomes "tool_calls" when it made calls. */
+static bool tools_chunk(sb_oai_resp *r, sb_oai_choice *c, const sb_srv_event *ev, cJSON *lp, sb_srv_buf *out,
+                        const char **finish) {
+    if (!c->tools && !(c->tools = sb_calloc(1, sizeof *c->tools))) {
+        out->failed = true;
+        cJSON_Delete(lp);
+        return ev->done;
+    }
+    sb_srv_buf emit = {0};
+    sb__tools_stream_push(r->req, c->tools, ev->text, ev->text_len, &emit);
+    cJSON *calls = NULL;
+    if (ev->done && ev->finish != SB_FINISH_ERROR && ev->finish != SB_FINISH_CANCELLED) {
+        sb_tool_stream *ts = c->tools;
+        char *content = NULL;
+        calls = sb__tools_parse(r->srv, r->req, ts->text.p ? ts->text.p : "", ts->text.len, &content);
+        size_t n = content ? strlen(content) : 0;
+        if (n > ts->shown)
+            sb_srv_buf_append(&emit, content + ts->shown, n - ts->shown);
+        sb_free(content);
+    }
+    if (emit.len || lp)
+        chunk(r, ev->choice, content_delta(emit.p ? emit.p : ""), NULL, lp, NULL, out);
+    sb_srv_buf_free(&emit);
+    int i = 0;
+    cJSON *call;
+    cJSON_ArrayForEach(call, calls) {
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+        cJSON *args = cJSON_DetachItemFromObjectCaseSensitive(fn, "arguments");
+        cJSON_AddStringToObject(fn, "arguments", "");
+        cJSON *head = cJSON_CreateObject(), *d = cJSON_CreateObject();
+        cJSON_AddNumberToObject(head, "index", i);
+        for (cJSON *f = call->child; f; f = f->next)
+            cJSON_AddItemToObject(head, f->string, cJSON_Duplicate(f, true));
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), head);
+        chunk(r, ev->choice, d, NULL, NULL, NULL, out);
+        cJSON *part = cJSON_CreateObject(), *d2 = cJSON_CreateObject(), *f2 = cJSON_CreateObject();
+        cJSON_AddNumberToObject(part, "index", i++);
+        cJSON_AddItemToObject(f2, "arguments", args);
+        cJSON_AddItemToObject(part, "function", f2);
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(d2, "tool_calls"), part);
+        chunk(r, ev->choice, d2, NULL, NULL, NULL, out);
+    }
+    if (calls)
+        *finish = "tool_calls";
+    cJSON_Delete(calls);
+    return ev->done;
+}
+
 void sb_oai_resp_start(sb_oai_resp *r, sb_srv_buf *out) {
     for (int32_t i = 0; r->req->kind == SB_OAI_CHAT && i < r->req->n_choices; i++) {
         cJSON *d = cJSON_CreateObject();
@@ -1237,10 +1303,16 @@ bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out) 
         }
     }
     c->text_offset += ev->text_len;
-    if (ev->text_len || lp)
-        chunk(r, ev->choice, chat ? content_delta(ev->text) : NULL, ev->text, lp, NULL, out);
-    if (!ev->done)
-        return false;
+    const char *finish = NULL;
+    if (chat && r->req->tool_mode != SB_OAI_TOOLS_NONE) {
+        if (!tools_chunk(r, c, ev, lp, out, &finish))
+            return false;
+    } else {
+        if (ev->text_len || lp)
+            chunk(r, ev->choice, chat ? content_delta(ev->text) : NULL, ev->text, lp, NULL, out);
+        if (!ev->done)
+            return false;
+    }
     c->done = true;
     c->finish = ev->finish;
     c->n_prompt = ev->n_prompt;
@@ -1258,7 +1330,8 @@ bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out) 
         sb_oai_err_json(&e, out);
         sb_srv_buf_puts(out, "\n\n");
     } else {
-        chunk(r, ev->choice, chat ? cJSON_CreateObject() : NULL, "", NULL, finish_reason(ev->finish), out);
+        chunk(r, ev->choice, chat ? cJSON_CreateObject() : NULL, "", NULL, finish ? finish : finish_reason(ev->finish),
+              out);
     }
     if (r->n_done < r->req->n_choices)
         return false;

@@ -6,7 +6,7 @@
  *
  * Parsing is strict where OpenAI is: a field of the wrong type or out of
  * range is a 400 naming it, and fields OpenAI defines but switchboard does
- * not implement (tools, logit_bias, ...) are refused by name rather than
+ * not implement (audio, prediction, ...) are refused by name rather than
  * silently ignored. Fields OpenAI does not define are ignored.
  */
 #ifndef SB_SRV_OPENAI_H
@@ -70,6 +70,14 @@ typedef struct sb_oai_req {
     const sb_regfile *library_file;        /* held while library points into it */
     const sb_regfile_prompt *library;      /* the library prompt the request names, or NULL */
     char *library_text;                    /* it, rendered */
+    struct sb_grammar *grammar; /* a reference, or NULL: response_format, grammar, tools */
+    enum { SB_OAI_TOOLS_NONE, SB_OAI_TOOLS_AUTO, SB_OAI_TOOLS_REQUIRED } tool_mode;
+    int tool_family;            /* sb_tool_family (server/tools.h) */
+    bool parallel_tools;
+    struct cJSON *tools;        /* the request's tools (owned), unless tool_mode is NONE */
+    char *tools_json;           /* their JSON text, for the chat template (cJSON_free) */
+    sb_logit_bias *logit_bias;  /* n_logit_bias entries (sampling points here) */
+    int32_t n_logit_bias;
 } sb_oai_req;
 
 /* Parses `len` bytes of body for an endpoint of `kind`. On failure fills e
@@ -91,6 +99,7 @@ typedef struct sb_oai_choice {
     float *embedding;       /* owned */
     int32_t n_embd;
     char *error;            /* owned; SB_FINISH_ERROR */
+    struct sb_tool_stream *tools; /* streaming with tools: what is held back (owned) */
 } sb_oai_choice;
 
 /* The answer being built for one request. */

@@ -192,14 +192,16 @@ test('errors: 400 bad JSON, unsupported field, wrong type; 404; 405; 413', async
   assert.match(bad.json.error.message, /not valid JSON/);
   assert.ok('param' in bad.json.error && 'code' in bad.json.error);
 
-  const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }];
-  const e1 = await expectError(client.chat.completions.create({ model: MODEL_ID, messages: chatMsgs, tools }), 400, 'tools');
-  assert.match(e1.message, /tools/);
-  await expectError(client.chat.completions.create({ model: MODEL_ID, messages: chatMsgs, logit_bias: { 5: 1 } }), 400, 'logit_bias');
+  const functions = [{ name: 'f', parameters: { type: 'object', properties: {} } }];
+  const e1 = await expectError(client.chat.completions.create({ model: MODEL_ID, messages: chatMsgs, functions }), 400, 'functions');
+  assert.match(e1.message, /functions/);
+  const tools = [{ type: 'function', function: { name: 'f g', parameters: { type: 'object', properties: {} } } }];
+  await expectError(client.chat.completions.create({ model: MODEL_ID, messages: chatMsgs, tools }), 400, 'tools[0]');
+  await expectError(client.chat.completions.create({ model: MODEL_ID, messages: chatMsgs, logit_bias: { 999999: 1 } }), 400, 'logit_bias');
   await expectError(
-    client.chat.completions.create({ model: MODEL_ID, messages: chatMsgs, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }),
+    client.chat.completions.create({ model: MODEL_ID, messages: chatMsgs, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { not: {} } } } }),
     400,
-    'response_format',
+    'response_format.json_schema.schema',
   );
   await expectError(client.chat.completions.create({ model: MODEL_ID, messages: chatMsgs, temperature: 'hot' }), 400, 'temperature');
   await expectError(client.chat.completions.create({ model: MODEL_ID, messages: 'hi' }), 400, 'messages');
