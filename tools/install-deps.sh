@@ -6,7 +6,7 @@
 #   --no-npm   skip the npm peers (enough to build and run switchboard)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(build-essential cmake pkg-config libcmocka-dev libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev)
+pkgs=(build-essential cmake pkg-config libcmocka-dev libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev python3 python3-pytest)
 [ "${1:-}" = "--no-npm" ] || command -v npm >/dev/null || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
