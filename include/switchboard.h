@@ -299,8 +299,9 @@ sb_switchboard_params sb_switchboard_default_params(void);
  * models. On failure *out is NULL and err names the file, line and field. */
 sb_status sb_switchboard_open(const char *path, const sb_switchboard_params *params, sb_switchboard_t **out,
                               sb_error *err);
-/* Every sb_request must have been freed; calls still running on other
- * threads are cancelled and waited for. NULL is a no-op. */
+/* Every call must have returned and every sb_request been freed (a
+ * programmer error otherwise); generations the engine still owes freed
+ * requests are cancelled and waited for. NULL is a no-op. */
 void sb_switchboard_free(sb_switchboard_t *sb);
 
 /* Re-reads the registry source; a bad one changes nothing (err says where). */

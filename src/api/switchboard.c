@@ -95,7 +95,7 @@ struct sb_request {
     qevent *head, *tail; /* under mu */
     qevent *current;   /* the event sb_request_next handed out last (caller's) */
     double t_start, t_submit, load_s;
-    bool profiled;     /* its profile went to the handle's last */
+    bool failed;       /* its submit failed: its profile does not become the handle's last */
 };
 
 static double now_s(void) {
@@ -623,7 +623,7 @@ sb_status sb_switchboard_submit(sb_switchboard_t *sb, const sb_input *inputs, si
         st = submit_all(r, inputs, &p, err);
     }
     if (st != SB_OK) {
-        r->profiled = true; /* a failed call leaves the last profile as it was */
+        r->failed = true;
         sb_request_free(r);
         return st;
     }
@@ -754,7 +754,7 @@ void sb_request_free(sb_request_t *r) {
     sb_switchboard_t *sb = r->sb;
     if (r->engine)
         cancel_slots(r);
-    if (!r->profiled) {
+    if (!r->failed) {
         sb_profile p;
         sb_request_profile(r, &p);
         set_last_profile(sb, &p);
