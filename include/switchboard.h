@@ -465,6 +465,7 @@ typedef struct sb_input {
     const char *text;
     const sb_chat_message *messages;
     size_t n_messages;
+    uint64_t seed_offset; /* added to the sampling seed: n choices of one prompt sample apart */
 } sb_input;
 
 /* Submits n inputs as one request on one model (params.on_event is not

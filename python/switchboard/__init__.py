@@ -149,6 +149,7 @@ class _Input(ctypes.Structure):
         ("text", ctypes.c_char_p),
         ("messages", ctypes.c_void_p),
         ("n_messages", ctypes.c_size_t),
+        ("seed_offset", ctypes.c_uint64),
     ]
 
 

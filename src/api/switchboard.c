@@ -576,11 +576,13 @@ static sb_status submit_all(sb_request_t *r, const sb_input *inputs, const sb_in
         st = tokenize_input(r->lease, &inputs[i], (size_t)i, &ids[i], &lens[i], err);
     sb_gen_params gp;
     gen_params(r->lease, p, &gp);
+    const uint64_t seed = gp.sampling.seed;
     r->t_submit = now_s();
     for (int32_t i = 0; st == SB_OK && i < r->n_slots; i++) {
         slot *s = &r->slots[i];
         gp.prompt = ids[i];
         gp.n_prompt = lens[i];
+        gp.sampling.seed = seed + inputs[i].seed_offset;
         atomic_fetch_add(&r->refs, 1); /* the engine's: its callback may run before submit returns */
         st = sb_engine_submit(r->engine, &gp, on_event, s, &s->id, err);
         if (st == SB_OK) {
