@@ -22,6 +22,12 @@
 extern "C" {
 #endif
 
+/* libswitchboard is built with every symbol hidden except what this header
+ * declares: the shared library exports exactly the public API. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 /* One list drives the enum and sb_status_str(), so they cannot drift. */
 #define SB_STATUS_LIST(X)                                                   \
     X(SB_OK, 0, "success")                                                  \
@@ -224,6 +230,285 @@ int32_t sb_sampler_sample(sb_sampler_t *sampler, const float *logits);
 int32_t sb_sampler_sample_masked(sb_sampler_t *sampler, const float *logits, const uint32_t *allowed);
 /* Records a token of the sequence (prompt or generated) for the penalties. */
 void sb_sampler_accept(sb_sampler_t *sampler, int32_t token);
+
+
+/* ==== switchboard: the high-level API ==================================== */
+/*
+ * Models by name, in-process, as the server serves them: open a registry (a
+ * models.json, a directory of .gguf files, or one .gguf file), then complete
+ * text or chat by model name. Models load on demand under a memory budget
+ * (least recently used idle models are evicted to make room), every model
+ * runs on one process-wide executor of n_threads compute threads, and
+ * requests to the same model are batched together by its engine.
+ *
+ * Routing. A call names a model (params.model) or uses the default
+ * (sb_switchboard_set_default). A name may be a model, an alias, or a route
+ * of the registry file (an A/B split: params.user keeps a user on one arm).
+ * An unknown name, or a model that fails to load, is served by the
+ * registry's fallback when it names one; otherwise the call fails with
+ * SB_ERR_MODEL_NOT_FOUND (the message lists the servable names). A model
+ * that cannot fit the budget fails with SB_ERR_OVER_BUDGET and the numbers.
+ * Every result names the model that actually served and whether (and why)
+ * a fallback did.
+ *
+ * Three ways to generate, one path underneath:
+ *   - blocking: sb_switchboard_complete / _chat / _chat_messages fill an
+ *     sb_result (the whole text, finish reason, usage, profile);
+ *   - streaming: the same calls with params.on_event set call it once per
+ *     token (and once at the end) on the calling thread, never on an engine
+ *     thread, so the callback may block or print; returning false cancels;
+ *   - pull: sb_switchboard_submit returns an sb_request whose events the
+ *     caller takes with sb_request_next at its own pace (with a timeout),
+ *     and may cancel at any time. The blocking calls are this loop.
+ * sb_switchboard_batch_infer submits several prompts as one request (one
+ * engine submission each, all at once, so the engine batches them) and
+ * returns their results in order.
+ *
+ * For an HTTP server (how src/server/ is to be rewritten on this API): a
+ * connection thread parses the body into an sb_input and sb_infer_params
+ * (n choices or several prompts = several inputs of one submit), calls
+ * sb_switchboard_submit, names the serving model from sb_request_served
+ * (the model field and headers), then pulls sb_request_next with a short
+ * timeout between checks of its socket (sb_request_cancel when the client
+ * went away). Each event carries the token, its text, logprob and
+ * alternatives (their text via sb_token_text on sb_request_model, valid
+ * while the request lives), and the last one the finish reason and usage:
+ * exactly what an SSE chunk or a JSON response is built from.
+ *
+ * Profiles. Every call measures itself into an sb_profile: the time routing
+ * and loading took (load_s: ~0 when the model was loaded already), time to
+ * first token, prompt and generation speed, token counts, and the process's
+ * memory (resident now and peak, and what the loaded models take). Blocking
+ * calls return it in sb_result.profile (batch_infer: each result its own,
+ * plus the whole batch's); sb_switchboard_last_profile reads the profile of
+ * the last call that finished on this handle, whichever kind it was (a
+ * pulled request's when it is freed), so a profile can be read "around"
+ * any call without passing a struct.
+ *
+ * Threads: every function may be called from any thread, and calls may run
+ * concurrently on one handle (that is how requests get batched). An
+ * sb_request is used by one thread at a time.
+ */
+
+typedef struct sb_switchboard sb_switchboard_t;
+typedef struct sb_request sb_request_t;
+
+typedef struct sb_switchboard_params {
+    int32_t n_threads;        /* compute threads for every model together; 0 = online cores */
+    size_t memory_budget;     /* bytes all loaded models may take; 0 = 80% of available memory */
+    const char *model_name;   /* one .gguf file: the name it serves under (NULL: the file's name) */
+    const char *default_model; /* NULL: the registry's first model */
+    int32_t n_ctx;            /* per model, unless its entry says; 0 = its trained context */
+    int32_t n_parallel;       /* sequences one model decodes together; 0 = the engine's default */
+    sb_cache_type cache_type; /* KV cache of models whose entry does not say; default F16 */
+    double keep_alive_s;      /* idle time before a model is unloaded; < 0 forever (the default) */
+    bool watch;               /* reload the registry when its file or directory changes */
+} sb_switchboard_params;
+sb_switchboard_params sb_switchboard_default_params(void);
+
+/* Opens `path` (models.json, a directory of .gguf files, or one .gguf
+ * file); params NULL = the defaults. Loads nothing yet except pinned
+ * models. On failure *out is NULL and err names the file, line and field. */
+sb_status sb_switchboard_open(const char *path, const sb_switchboard_params *params, sb_switchboard_t **out,
+                              sb_error *err);
+/* Every call must have returned and every sb_request been freed (a
+ * programmer error otherwise); generations the engine still owes freed
+ * requests are cancelled and waited for. NULL is a no-op. */
+void sb_switchboard_free(sb_switchboard_t *sb);
+
+/* Re-reads the registry source; a bad one changes nothing (err says where). */
+sb_status sb_switchboard_reload(sb_switchboard_t *sb, sb_error *err);
+
+/* Every name a call may use (models, aliases, routes), NUL-separated in out
+ * (capacity cap, truncated to whole names); returns how many there are. */
+int32_t sb_switchboard_models(sb_switchboard_t *sb, char *out, size_t cap);
+
+/* Who served a call: the model (never an alias or route) and, when the
+ * fallback served instead of the name asked for, why. */
+typedef struct sb_served {
+    char model[128];
+    char route[128];           /* the route the name was, else "" */
+    bool fallback;
+    char fallback_reason[256]; /* "unknown model 'x'", "model 'x' failed to load: ...", else "" */
+} sb_served;
+
+/* Makes `name` the model of calls that name none, loading it now. Fails
+ * with SB_ERR_MODEL_NOT_FOUND (the default unchanged) unless the registry
+ * knows the name or has a fallback for it; *served (may be NULL) says which
+ * model serves it now. The name is kept, not the fallback: once the named
+ * model appears (a reload), it serves. */
+sb_status sb_switchboard_set_default(sb_switchboard_t *sb, const char *name, sb_served *served, sb_error *err);
+/* The default model's name as set (a copy into out, capacity cap). */
+void sb_switchboard_get_default(sb_switchboard_t *sb, char *out, size_t cap);
+
+/* ---- generation -------------------------------------------------------- */
+
+/* Why a generation ended; sb_finish_reason_str gives OpenAI's words
+ * ("stop", "length", ...). */
+typedef enum sb_finish_reason {
+    SB_FINISHED_NOT = 0,   /* not finished (token events) */
+    SB_FINISHED_STOP,      /* an end-of-generation token or a stop string */
+    SB_FINISHED_LENGTH,    /* max_tokens, or the context is full */
+    SB_FINISHED_CANCELLED, /* the caller cancelled */
+    SB_FINISHED_ERROR,     /* the engine failed: the event's error says why */
+} sb_finish_reason;
+const char *sb_finish_reason_str(sb_finish_reason r);
+
+typedef struct sb_token_logprob {
+    int32_t token;
+    float logprob;
+} sb_token_logprob;
+
+/* One event of a generation. Pointers are valid until the next event is
+ * taken (or the callback returns). */
+typedef struct sb_stream_event {
+    int32_t index;         /* which input of the submit (a batch's prompt) */
+    bool done;             /* the last event of this input */
+    /* token events: one generated token and the text it completes (may be
+     * empty: part of a UTF-8 character, or held back by a stop string) */
+    int32_t token;
+    const char *text;      /* text_len bytes, NUL-terminated; never NULL */
+    size_t text_len;
+    float logprob;         /* params.logprobs */
+    const sb_token_logprob *top; /* n_top alternatives, most likely first (params.top_logprobs) */
+    int32_t n_top;
+    /* done: why, the text held back until now (in text), and usage */
+    sb_finish_reason finish;
+    int32_t n_prompt, n_prompt_cached, n_generated;
+    double ttft_s;         /* submit to first token */
+    const char *error;     /* SB_FINISHED_ERROR: what went wrong, else NULL */
+} sb_stream_event;
+
+/* Called on the calling thread for every event; return false to cancel
+ * (a done event with SB_FINISHED_CANCELLED follows). */
+typedef bool (*sb_stream_fn)(void *user, const sb_stream_event *ev);
+
+#define SB_KEEP_ALIVE_UNCHANGED (-2.0)
+
+typedef struct sb_infer_params {
+    const char *model;         /* NULL: the default model */
+    const char *user;          /* keeps a user on one arm of an A/B route; NULL: random */
+    /* NULL: the model's defaults from the registry over sb_sampler_default_params() */
+    const sb_sampler_params *sampling;
+    int32_t max_tokens;        /* 0: the model's default from the registry, else to the end of
+                                  generation or of the context; < 0: to the end always */
+    const char *const *stops;  /* n_stops stop strings (NULL and 0: the model's defaults); the text
+                                  ends before the first match */
+    size_t n_stops;
+    bool logprobs;             /* events carry the chosen token's log-probability */
+    int32_t top_logprobs;      /* and this many alternatives (at most 20) */
+    bool ignore_eos;
+    int32_t priority;          /* higher is served first, across models too */
+    double keep_alive_s;       /* after the call the model stays loaded this long (< 0 forever);
+                                  SB_KEEP_ALIVE_UNCHANGED: its configured keep_alive */
+    sb_stream_fn on_event;     /* blocking calls: per-token callback (streaming); NULL: none */
+    void *user_data;
+} sb_infer_params;
+sb_infer_params sb_infer_default_params(void);
+
+typedef struct sb_profile {
+    double load_s;          /* routing the name and loading the model (~0 when already loaded) */
+    double ttft_s;          /* submit to the first token (a batch: the first of any prompt) */
+    double total_s;         /* the whole call, load included */
+    double prompt_tps;      /* prompt tokens computed (not cached) per second of ttft_s */
+    double gen_tps;         /* generated tokens per second after the first token */
+    int32_t n_prompt;       /* prompt tokens (a batch: all prompts together) */
+    int32_t n_prompt_cached; /* of which reused from the prefix cache */
+    int32_t n_generated;
+    size_t rss_bytes;       /* the process's resident memory at the end of the call */
+    size_t peak_rss_bytes;  /* the process's peak resident memory so far (VmHWM) */
+    size_t models_bytes;    /* what the loaded models take, measured (the budget's "used") */
+    size_t budget_bytes;    /* the memory budget */
+} sb_profile;
+
+typedef struct sb_result {
+    char *text;             /* the generated text, NUL-terminated (freed by sb_result_free) */
+    size_t text_len;
+    sb_finish_reason finish;
+    int32_t n_prompt, n_prompt_cached, n_generated;
+    sb_served served;
+    sb_profile profile;
+} sb_result;
+/* Frees what the result owns (not the struct); safe on a zeroed result. */
+void sb_result_free(sb_result *r);
+
+/* A chat message; content is plain text. */
+typedef struct sb_chat_message {
+    const char *role;       /* "system", "user", "assistant" */
+    const char *content;
+} sb_chat_message;
+
+/* Generates from a text prompt (tokenized with BOS as the model wants it,
+ * special-token text parsed). params NULL = the defaults. On failure
+ * *result holds nothing to free and err says why. */
+sb_status sb_switchboard_complete(sb_switchboard_t *sb, const char *prompt, const sb_infer_params *params,
+                                  sb_result *result, sb_error *err);
+/* Generates the assistant's answer to `messages_json`, a JSON array of
+ * {"role", "content"} objects, through the model's chat template; the
+ * registry's system prompt for the model goes first when the messages have
+ * no system message. */
+sb_status sb_switchboard_chat(sb_switchboard_t *sb, const char *messages_json, const sb_infer_params *params,
+                              sb_result *result, sb_error *err);
+/* The same with the messages as structs. */
+sb_status sb_switchboard_chat_messages(sb_switchboard_t *sb, const sb_chat_message *messages, size_t n_messages,
+                                       const sb_infer_params *params, sb_result *result, sb_error *err);
+
+/* Runs n text prompts together on one model: all submitted at once, so the
+ * engine batches them, results[i] for prompts[i]. params.on_event, if set,
+ * gets every prompt's events (ev->index says which). batch (may be NULL)
+ * receives the whole batch's profile. On failure no result holds anything. */
+sb_status sb_switchboard_batch_infer(sb_switchboard_t *sb, const char *const *prompts, size_t n,
+                                     const sb_infer_params *params, sb_result *results, sb_profile *batch,
+                                     sb_error *err);
+
+/* The profile of the last call that finished on this handle (zeros before). */
+void sb_switchboard_last_profile(sb_switchboard_t *sb, sb_profile *out);
+
+/* ---- pulled requests --------------------------------------------------- */
+
+typedef enum sb_input_kind {
+    SB_INPUT_TEXT,      /* text: a completion prompt */
+    SB_INPUT_CHAT_JSON, /* text: a JSON array of messages */
+    SB_INPUT_CHAT,      /* messages, n_messages */
+} sb_input_kind;
+
+typedef struct sb_input {
+    sb_input_kind kind;
+    const char *text;
+    const sb_chat_message *messages;
+    size_t n_messages;
+    uint64_t seed_offset; /* added to the sampling seed: n choices of one prompt sample apart */
+} sb_input;
+
+/* Submits n inputs as one request on one model (params.on_event is not
+ * used: take the events with sb_request_next). On failure nothing stays
+ * submitted, *out is NULL and err says why (an input's error names its
+ * index). */
+sb_status sb_switchboard_submit(sb_switchboard_t *sb, const sb_input *inputs, size_t n, const sb_infer_params *params,
+                                sb_request_t **out, sb_error *err);
+/* Waits up to timeout_ms (< 0: without limit) for the next event of any
+ * input, in the order they happened. Returns true with *ev filled (valid
+ * until the next call), false on timeout or when every input is done and
+ * its events were taken. */
+bool sb_request_next(sb_request_t *req, int64_t timeout_ms, sb_stream_event *ev);
+/* True once every input's done event has been taken. */
+bool sb_request_finished(const sb_request_t *req);
+/* Ends every input within one engine step (their done events follow). */
+void sb_request_cancel(sb_request_t *req);
+/* Who serves it. */
+void sb_request_served(const sb_request_t *req, sb_served *out);
+/* The model that serves it, valid while the request lives (for
+ * sb_token_text of logprob alternatives, sb_detokenize, ...). */
+const sb_model_t *sb_request_model(const sb_request_t *req);
+/* The request's profile so far (final once finished). */
+void sb_request_profile(const sb_request_t *req, sb_profile *out);
+/* Cancels what still runs and frees; the model's hold goes once the engine
+ * is done with it. NULL is a no-op. */
+void sb_request_free(sb_request_t *req);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

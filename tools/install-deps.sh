@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(build-essential cmake pkg-config libcmocka-dev libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
+      python3 python3-pytest # the Python module's tests (python/)
       clang libclang-rt-14-dev) # clang and its libFuzzer runtime: the fuzz harnesses (tests/fuzz/)
 # Test tools: promtool (in Debian's prometheus package) lints the /metrics exposition.
 [ "${1:-}" = "--no-npm" ] || pkgs+=(prometheus)
