@@ -43,6 +43,8 @@ class _SamplerParams(ctypes.Structure):
         ("frequency_penalty", ctypes.c_float),
         ("presence_penalty", ctypes.c_float),
         ("seed", ctypes.c_uint64),
+        ("logit_bias", ctypes.c_void_p),  # const sb_logit_bias *: not offered here yet
+        ("n_logit_bias", ctypes.c_int32),
     ]
 
 
