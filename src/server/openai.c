@@ -52,7 +52,9 @@ void sb_oai_err_set(sb_oai_err *e, unsigned status, const char *type, const char
     e->status = status;
     e->type = type;
     e->code = code;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    /* A param may be a path through the client's keys: valid UTF-8 too. */
+    param = param ? param : "";
+    sb_oai_quote(param, strlen(param), sizeof e->param - 4, e->param, sizeof e->param);
     char raw[sizeof e->message];
     va_list ap;
     va_start(ap, fmt);

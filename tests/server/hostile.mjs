@@ -251,3 +251,14 @@ test('D3: an unknown URL is quoted as valid UTF-8, cut between characters', asyn
   assert.equal(r.status, 404);
   assert.match(r.json.error.message, new RegExp(`^Invalid URL \\(GET /${'é'.repeat(99)}\\.\\.\\.\\)$`));
 });
+
+test('D3/D4: a NUL under a long key with multibyte characters: the param is valid UTF-8 too', async () => {
+  // Found by fuzz_openai: the path named as param was cut at 128 bytes inside a character.
+  // Three keys of 31 two-byte characters: the path passes 128 bytes inside a character.
+  const k = 'é'.repeat(31);
+  const body = Buffer.from(`{"model": "${MODEL_ID}", "prompt": "x", "${k}": {"${k}": {"${k}": "a\\u0000"}}}`);
+  const r = await postBytes('/v1/completions', body); // fails on invalid UTF-8
+  assert.equal(r.status, 400);
+  assert.match(r.json.error.message, /NUL character/);
+  assert.ok(r.json.error.param.startsWith(`${k}.é`), r.json.error.param);
+});
