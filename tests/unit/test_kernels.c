@@ -338,6 +338,8 @@ static void test_gemm_tile_shapes(void **state) {
                     failures += !check_gemm(k, ref, type, is_float ? 70 : 64, nr, nt);
             failures += !check_gemm(k, ref, type, 4096, 24, 37);
             failures += !check_gemm(k, ref, type, is_float ? 1090 : 1088, 9, 40);
+            if (sb_type_traits_of(type)->blck_size == SB_QK_K)
+                continue; /* no token groups; rows 8x longer would only slow the sanitizer run */
             failures += !check_gemm(k, ref, type, 16384, 17, 5);
             failures += !check_gemm(k, ref, type, 16384, 9, 45); /* block formats: token groups of 20 */
         }
