@@ -4,7 +4,7 @@
  * executor), aggregate generated tokens per second.
  *
  *   bench_engine -m MODEL [-m MODEL2] [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]
- *                [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N]
+ *                [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N] [--steps-per-turn N]
  *
  * For every stream count S: S requests (prompts of 4..15 pseudo-random ids
  * after BOS, so the prompts differ as the server benchmark's do), each
@@ -229,11 +229,11 @@ static int process_threads(void) {
 
 static const char usage[] =
     "usage: bench_engine -m MODEL [-m MODEL2] [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]\n"
-    "                    [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N]\n";
+    "                    [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N] [--steps-per-turn N]\n";
 
 int main(int argc, char **argv) {
     const char *paths[2] = {NULL, NULL}, *list = "1,4,8,16";
-    int n_models = 0, threads = 2, tokens = 64, reps = 3, alternate = 0, alt_tokens = 4;
+    int n_models = 0, threads = 2, tokens = 64, reps = 3, alternate = 0, alt_tokens = 4, steps_per_turn = 1;
     float temp = 0.8f;
     sb_cache_type cache_type = sb_engine_default_params().cache_type; /* the server's */
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
@@ -257,6 +257,8 @@ int main(int argc, char **argv) {
             ok = parse_int(v, 1, 100000, &alternate);
         else if (ok && strcmp(a, "--alt-tokens") == 0)
             ok = parse_int(v, 1, 100000, &alt_tokens);
+        else if (ok && strcmp(a, "--steps-per-turn") == 0)
+            ok = parse_int(v, 1, 100000, &steps_per_turn);
         else
             ok = false;
         if (!ok) {
@@ -271,7 +273,7 @@ int main(int argc, char **argv) {
     sb_error err = {0};
     bench b = {.tokens = tokens, .temp = temp};
     sb_executor *x = NULL;
-    sb_executor_params xp = {.n_threads = threads};
+    sb_executor_params xp = {.n_threads = threads, .steps_per_turn = steps_per_turn};
     int status = sb_executor_create(&xp, &x, &err) == SB_OK ? 0 : 1;
     sb_engine_params ep = sb_engine_default_params();
     ep.n_parallel = MAX_STREAMS;
@@ -283,8 +285,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_engine: %s\n", err.msg);
         goto done;
     }
-    printf("executor threads %d, process threads %d (the caller and the executor's)\n\n", sb_executor_n_threads(x),
-           process_threads());
+    printf("executor threads %d, process threads %d (the caller and the executor's), %d steps per turn\n\n",
+           sb_executor_n_threads(x), process_threads(), steps_per_turn);
     static const char *const clocks[2] = {"wall", "CPU"};
     if (n_models == 1)
         printf("| streams | t/s median | min | max | x single |\n|--:|--:|--:|--:|--:|\n");

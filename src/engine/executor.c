@@ -23,7 +23,7 @@ typedef struct slot {
 
 struct sb_executor {
     sb_threadpool *pool;
-    int32_t n_threads;
+    int32_t n_threads, steps_per_turn;
     pthread_t thread;
     bool started;
 
@@ -35,25 +35,32 @@ struct sb_executor {
     int32_t n_slots, cap_slots;
     uint64_t steps;
     sb_engine *stepping;
+    sb_engine *last;  /* the engine of the current turn (only compared: it may be gone) */
+    int32_t streak;   /* steps it has had in this turn */
 };
 
-sb_executor_params sb_executor_default_params(void) { return (sb_executor_params){.n_threads = 0}; }
+sb_executor_params sb_executor_default_params(void) {
+    return (sb_executor_params){.n_threads = 0, .steps_per_turn = 1};
+}
 
 /* The slot to step next, or -1 when no engine has work: the highest
- * priority first, then the least recently stepped. */
+ * priority first; among equals the engine whose turn is not over, else the
+ * least recently stepped. */
 static int32_t choose(const sb_executor *x) {
-    int32_t best = -1, best_prio = 0;
+    int32_t best = -1, best_prio = 0, keep = -1, keep_prio = 0;
     for (int32_t i = 0; i < x->n_slots; i++) {
         int32_t prio;
         if (!sb__engine_has_work(x->slots[i].engine, &prio))
             continue;
+        if (x->slots[i].engine == x->last && x->streak < x->steps_per_turn)
+            keep = i, keep_prio = prio;
         if (best < 0 || prio > best_prio ||
             (prio == best_prio && x->slots[i].last_step < x->slots[best].last_step)) {
             best = i;
             best_prio = prio;
         }
     }
-    return best;
+    return keep >= 0 && keep_prio == best_prio ? keep : best;
 }
 
 static void *executor_main(void *arg) {
@@ -71,6 +78,8 @@ static void *executor_main(void *arg) {
         }
         sb_engine *e = x->stepping = x->slots[pick].engine;
         x->slots[pick].last_step = ++x->steps;
+        x->streak = e == x->last ? x->streak + 1 : 1;
+        x->last = e;
         pthread_mutex_unlock(&x->lock);
         sb__engine_step(e);
         pthread_mutex_lock(&x->lock);
@@ -84,12 +93,14 @@ static void *executor_main(void *arg) {
 sb_status sb_executor_create(const sb_executor_params *params, sb_executor **out, sb_error *err) {
     *out = NULL;
     sb_executor_params p = params ? *params : sb_executor_default_params();
-    if (p.n_threads < 0)
-        return sb_fail(err, SB_ERR_INVALID_ARG, "n_threads must not be negative, got %d", p.n_threads);
+    if (p.n_threads < 0 || p.steps_per_turn < 0)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "n_threads (%d) and steps_per_turn (%d) must not be negative",
+                       p.n_threads, p.steps_per_turn);
     sb_executor *x = sb_calloc(1, sizeof(*x));
     if (!x)
         return sb_fail(err, SB_ERR_NOMEM, "out of memory");
     x->n_threads = p.n_threads ? p.n_threads : SB_MAX(1, (int32_t)sysconf(_SC_NPROCESSORS_ONLN));
+    x->steps_per_turn = SB_MAX(1, p.steps_per_turn);
     pthread_mutex_init(&x->lock, NULL);
     pthread_cond_init(&x->wake, NULL);
     pthread_cond_init(&x->stepped, NULL);
@@ -156,6 +167,8 @@ void sb__executor_remove(sb_executor *x, sb_engine *e) {
             x->slots[i] = x->slots[--x->n_slots];
             break;
         }
+    if (x->last == e)
+        x->last = NULL; /* a new engine at the same address starts its own turn */
     pthread_mutex_unlock(&x->lock);
 }
 

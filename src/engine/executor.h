@@ -13,7 +13,7 @@
  * Between engines, each iteration steps one engine that has work: the one
  * whose most urgent sequence (waiting or running) has the highest
  * sb_gen_params.priority; among equals the one stepped least recently, so
- * busy models alternate step by step. An engine with only lower-priority
+ * busy models alternate step by step (or turn by turn: steps_per_turn). An engine with only lower-priority
  * work waits while a higher one has any (the gateway's tiers map to
  * priorities: paid > free > batch). Within an engine, priorities order
  * admission and preemption (engine.c). With no work anywhere the thread
@@ -35,7 +35,13 @@ typedef struct sb_executor sb_executor;
 typedef struct sb_engine sb_engine;
 
 typedef struct sb_executor_params {
-    int32_t n_threads; /* compute threads in all, the scheduler's included; 0 = online cores */
+    int32_t n_threads;      /* compute threads in all, the scheduler's included; 0 = online cores */
+    int32_t steps_per_turn; /* steps an engine runs in a row while others of its priority wait; 0 = 1.
+                               Each switch reads the next model's weights from farther away (two 110M
+                               Q4_0 models, 2 threads: +2.6 ms CPU per 4-token request when requests
+                               alternate), so a longer turn trades each model's token cadence for
+                               throughput (1 stream each: 0.67 of one model's t/s with 1, 0.73-0.78 with
+                               8, on a loaded host: docs/PERFORMANCE.md) */
 } sb_executor_params;
 sb_executor_params sb_executor_default_params(void);
 

@@ -38,6 +38,8 @@ typedef struct result {
     pthread_cond_t cond;
     int tag;              /* > 0: its events go to the engine log under this tag */
     int first_at, done_at; /* when its first token and its end came, on event_clock */
+    struct result *watch;  /* another request: its token count at this one's first token and end */
+    int watch_first, watch_done;
     bool done;
     sb_finish finish;
     int32_t tokens[MAX_GEN];
@@ -58,6 +60,8 @@ static int event_log[4096], n_event_log;
 static void on_event(void *user, const sb_gen_event *ev) {
     result *r = user;
     int now = atomic_fetch_add(&event_clock, 1) + 1;
+    /* Every callback runs on the executor thread, which alone writes n. */
+    int watched = r->watch ? r->watch->n : 0;
     if (r->tag > 0 && ev->kind == SB_GEN_TOKEN) {
         pthread_mutex_lock(&log_lock);
         if (n_event_log < (int)SB_ARRAY_LEN(event_log))
@@ -65,10 +69,14 @@ static void on_event(void *user, const sb_gen_event *ev) {
         pthread_mutex_unlock(&log_lock);
     }
     pthread_mutex_lock(&r->lock);
-    if (ev->kind == SB_GEN_TOKEN && r->n == 0)
+    if (ev->kind == SB_GEN_TOKEN && r->n == 0) {
         r->first_at = now;
-    if (ev->kind == SB_GEN_DONE)
+        r->watch_first = watched;
+    }
+    if (ev->kind == SB_GEN_DONE) {
         r->done_at = now;
+        r->watch_done = watched;
+    }
     if (ev->text_len && r->text_len + ev->text_len < sizeof(r->text)) {
         memcpy(r->text + r->text_len, ev->text, ev->text_len);
         r->text_len += ev->text_len;
@@ -325,11 +333,15 @@ static sb_gen_params long_greedy(int32_t max_tokens) {
     return p;
 }
 
-static void submit_prompt(sb_engine *e, int i, sb_gen_params p, result *r) {
+/* Submits prompt i for r, tagged for the engine log (tag > 0) and watching
+ * another request (watch not NULL), as result says. */
+static void submit_prompt(sb_engine *e, int i, sb_gen_params p, result *r, int tag, result *watch) {
     int32_t prompt[64];
     p.prompt = prompt;
     p.n_prompt = make_prompt(i, prompt);
     result_init(r);
+    r->tag = tag;
+    r->watch = watch;
     sb_error err;
     if (sb_engine_submit(e, &p, on_event, r, NULL, &err) != SB_OK)
         fail_msg("submit: %s", err.msg);
@@ -377,8 +389,7 @@ static void test_two_models_share_one_executor(void **state) {
     n_event_log = 0;
     for (int i = 0; i < N; i++)
         for (int k = 0; k < 2; k++) {
-            submit_prompt(e[k], i, long_greedy(40), &together[k][i]);
-            together[k][i].tag = k + 1;
+            submit_prompt(e[k], i, long_greedy(40), &together[k][i], k + 1, NULL);
         }
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < N; i++) {
@@ -410,7 +421,7 @@ static void test_priority_preempts_lower(void **state) {
     static result alone[4], r[4];
     sb_engine_params ep = sb_engine_default_params();
     ep.n_ctx = 512;
-    sb_gen_params low = long_greedy(60), high = long_greedy(8);
+    sb_gen_params low = long_greedy(400), high = long_greedy(8); /* low: long enough to outlast any delay of this thread */
     high.priority = 5;
     for (int i = 0; i < 3; i++)
         run_alone(model, &ep, i, low, &alone[i]);
@@ -418,12 +429,12 @@ static void test_priority_preempts_lower(void **state) {
     ep.n_parallel = 2;
     sb_engine *e;
     assert_int_equal(sb_engine_create(model, &ep, exec, &e, NULL), SB_OK);
-    submit_prompt(e, 0, low, &r[0]);
-    submit_prompt(e, 1, low, &r[1]);
+    submit_prompt(e, 0, low, &r[0], 0, NULL);
+    submit_prompt(e, 1, low, &r[1], 0, NULL);
     wait_tokens(&r[0], 2);
     wait_tokens(&r[1], 2); /* both slots taken */
-    submit_prompt(e, 2, low, &r[2]);
-    submit_prompt(e, 3, high, &r[3]);
+    submit_prompt(e, 2, low, &r[2], 0, NULL);
+    submit_prompt(e, 3, high, &r[3], 0, NULL);
     for (int i = 0; i < 4; i++) {
         result_wait(&r[i]);
         assert_same_tokens(&alone[i], &r[i]);
@@ -450,19 +461,14 @@ static void test_priority_across_engines(void **state) {
         assert_int_equal(sb_engine_create(k ? other : model, &ep, exec, &e[k], NULL), SB_OK);
     sb_gen_params low = long_greedy(200), high = long_greedy(10);
     high.priority = 1;
-    submit_prompt(e[0], 0, low, &r[0]);
+    submit_prompt(e[0], 0, low, &r[0], 0, NULL);
     wait_tokens(&r[0], 2);
-    pthread_mutex_lock(&r[0].lock);
-    int before = r[0].n;
-    pthread_mutex_unlock(&r[0].lock);
-    submit_prompt(e[1], 0, high, &r[1]);
+    submit_prompt(e[1], 0, high, &r[1], 0, &r[0]);
     result_wait(&r[1]);
-    pthread_mutex_lock(&r[0].lock);
-    int during = r[0].n - before;
-    pthread_mutex_unlock(&r[0].lock);
-    /* At most the step in flight at the submit and one decided just before it. */
+    /* From the high one's first token to its end, the low one got no step. */
+    int during = r[1].watch_done - r[1].watch_first;
     fprintf(stderr, "priority across engines: the low one got %d tokens while the high one ran\n", during);
-    assert_true(during <= 2);
+    assert_int_equal(during, 0);
     result_wait(&r[0]);
     for (int k = 0; k < 2; k++)
         sb_engine_free(e[k]);
@@ -482,9 +488,9 @@ static void test_free_engine_while_others_run(void **state) {
     assert_int_equal(sb_engine_create(other, &ep, exec, &stays, NULL), SB_OK);
     assert_int_equal(sb_engine_create(model, &ep, exec, &goes, NULL), SB_OK);
     for (int i = 0; i < 2; i++)
-        submit_prompt(goes, i, long_greedy(0), &doomed[i]); /* until the context is full */
+        submit_prompt(goes, i, long_greedy(0), &doomed[i], 0, NULL); /* until the context is full */
     for (int i = 0; i < N; i++)
-        submit_prompt(stays, i, long_greedy(50), &r[i]);
+        submit_prompt(stays, i, long_greedy(50), &r[i], 0, NULL);
     wait_tokens(&doomed[0], 3);
     wait_tokens(&r[0], 3);
     sb_engine_free(goes);
@@ -519,7 +525,7 @@ static void test_no_more_threads_than_n_threads(void **state) {
         assert_int_equal(sb_engine_create(k ? other : model, &ep, x, &e[k], NULL), SB_OK);
     for (int i = 0; i < N; i++)
         for (int k = 0; k < 2; k++)
-            submit_prompt(e[k], i, long_greedy(30), &r[k][i]);
+            submit_prompt(e[k], i, long_greedy(30), &r[k][i], 0, NULL);
     wait_tokens(&r[0][0], 2);
     wait_tokens(&r[1][0], 2);
     assert_int_equal(count_threads(), with_executor); /* busy, both */
