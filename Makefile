@@ -40,7 +40,13 @@ asan: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 # The harnesses, built by clang in a directory of their own (the main build is gcc).
-fuzz-build: deps
+# The GGUF harness's model seeds are generated (models stay out of the repository).
+fuzz-build: deps build
+	@mkdir -p $(FUZZ_BUILD)/seeds/gguf
+	@$(BUILD)/switchboard gen-model --out $(FUZZ_BUILD)/seeds/gguf/tiny-llama-q8_0.gguf --type q8_0 --dim 32 --hidden 32 \
+	    --layers 1 --heads 1 --kv-heads 1 --vocab 260 --ctx 64 --seed 1 >/dev/null
+	@$(BUILD)/switchboard gen-model --out $(FUZZ_BUILD)/seeds/gguf/tiny-qwen2-q8_0.gguf --arch qwen2 --type q8_0 --dim 32 \
+	    --hidden 32 --layers 1 --heads 2 --kv-heads 1 --vocab 260 --ctx 64 --seed 1 >/dev/null
 	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSB_FUZZ=ON >/dev/null
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
 
