@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(build-essential cmake pkg-config libcmocka-dev libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
-      libsqlite3-dev libhiredis-dev libssl-dev # the gateway: keys, usage and jobs (SQLite), Redis, hashing
+      libsqlite3-dev libhiredis-dev libssl-dev libcurl4-openssl-dev # keys, usage, jobs (SQLite), Redis, hashing, the captioner client
       redis-server ffmpeg # the shared cache and limits tests; the video pipeline's keyframes
       python3 python3-pytest # the Python module's tests (python/)
       clang libclang-rt-14-dev) # clang and its libFuzzer runtime: the fuzz harnesses (tests/fuzz/)
