@@ -906,6 +906,7 @@ void sb_oai_gen_params(const sb_oai_req *r, int32_t c, sb_gen_params *out) {
         .logprobs = r->logprobs,
         .embedding = r->kind == SB_OAI_EMBEDDING,
         .grammar = r->grammar,
+        .priority = r->caller.priority,
     };
     out->sampling.seed += (uint64_t)(c % r->n);
 }

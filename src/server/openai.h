@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "gateway/caller.h"
 #include "engine/engine.h"
 #include "registry/registry.h"
 #include "server/buf.h"
@@ -78,6 +79,7 @@ typedef struct sb_oai_req {
     char *tools_json;           /* their JSON text, for the chat template (cJSON_free) */
     sb_logit_bias *logit_bias;  /* n_logit_bias entries (sampling points here) */
     int32_t n_logit_bias;
+    sb_gw_caller caller;        /* who asks (src/gateway/caller.h); zeroed: anonymous, priority 0 */
 } sb_oai_req;
 
 /* Parses `len` bytes of body for an endpoint of `kind`. On failure fills e
