@@ -23,7 +23,10 @@ static const char serve_usage[] =
     "                         [--ctx N (the model's trained context)] [--parallel N] [--threads N]\n"
     "                         [--max-batch-tokens N] [--max-body BYTES] [--max-queue N]\n"
     "                         [--timeout SECONDS] [--cache-type f32|f16|q8_0 (f16)] [--quiet]\n"
-    "                         [--max-connections N (1024)] [--header-timeout SECONDS (10)] [--body-timeout SECONDS (60)]\n";
+    "                         [--max-connections N (1024)] [--header-timeout SECONDS (10)] [--body-timeout SECONDS (60)]\n"
+    "                         [--cache off|memory|redis://HOST:PORT (off)] [--cache-bytes SIZE (256M)] [--cache-ttl DURATION (1h)]\n"
+    "                         [--state-dir DIR (usage.db)] [--request-log FILE] [--request-log-max-bytes SIZE (64M)]\n"
+    "                         [--log-prompts]\n";
 
 /* "8G", "512M", "100000": bytes; exits with a usage error otherwise. */
 static size_t parse_size(const char *opt, const char *v) {
@@ -74,7 +77,21 @@ int sb_cmd_serve(int argc, char **argv) {
                 return SB_EXIT_USAGE;
             }
             p.keep_alive_ms = ms;
-        } else if (strcmp(argv[i], "--no-watch") == 0)
+        } else if (sb_cli_opt(argc, argv, &i, "--cache-ttl", &v)) {
+            if (!sb_regfile_parse_duration(v, &p.cache_ttl_ms) || p.cache_ttl_ms <= 0) {
+                fprintf(stderr, "switchboard serve: --cache-ttl '%s' is not a positive duration (500ms, 30s, 5m, 1h)\n", v);
+                return SB_EXIT_USAGE;
+            }
+        } else if (sb_cli_opt(argc, argv, &i, "--cache", &p.cache) || sb_cli_opt(argc, argv, &i, "--state-dir", &p.state_dir) ||
+                   sb_cli_opt(argc, argv, &i, "--request-log", &p.request_log))
+            continue;
+        else if (sb_cli_opt(argc, argv, &i, "--cache-bytes", &v))
+            p.cache_bytes = parse_size("--cache-bytes", v);
+        else if (sb_cli_opt(argc, argv, &i, "--request-log-max-bytes", &v))
+            p.request_log_max_bytes = parse_size("--request-log-max-bytes", v);
+        else if (strcmp(argv[i], "--log-prompts") == 0)
+            p.log_prompts = true;
+        else if (strcmp(argv[i], "--no-watch") == 0)
             p.watch = false;
         else
         if (sb_cli_opt(argc, argv, &i, "--port", &v))

@@ -198,6 +198,24 @@ sb_status sb_srv_gen_submit(sb_srv *srv, const sb_oai_req *req, int client_fd, s
     return SB_OK;
 }
 
+sb_status sb_srv_gen_replay(sb_srv_event *events, sb_srv_gen **out, sb_error *err) {
+    *out = NULL;
+    sb_srv_gen *g = sb_calloc(1, sizeof *g);
+    if (!g) {
+        sb_srv_events_free(events);
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory for a cached answer");
+    }
+    atomic_init(&g->refs, 1);
+    g->client_fd = -1;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->head = events;
+    for (g->tail = events; g->tail && g->tail->next; g->tail = g->tail->next)
+        ;
+    *out = g;
+    return SB_OK;
+}
+
 /* True if the peer closed or reset the connection. */
 static bool client_gone(int fd) {
     if (fd < 0)

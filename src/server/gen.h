@@ -58,6 +58,11 @@ typedef struct sb_srv_gen sb_srv_gen;
  * SB_ERR_UNSUPPORTED while the server is not ready. */
 sb_status sb_srv_gen_submit(sb_srv *srv, const sb_oai_req *req, int client_fd, sb_srv_gen **out, sb_error *err);
 
+/* A generation already finished: `events` (taken over), a whole answer
+ * replayed from the response cache, are what sb_srv_gen_next returns, at
+ * once; nothing runs in the engine. */
+sb_status sb_srv_gen_replay(sb_srv_event *events, sb_srv_gen **out, sb_error *err);
+
 /* Waits until events arrive (a non-streaming request: until a choice
  * finishes) and returns them in arrival order (free with
  * sb_srv_events_free), or returns NULL when every choice has already

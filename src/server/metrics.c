@@ -18,6 +18,8 @@ static const char *const endpoint_names[SB_SRV_EP_COUNT] = {
     [SB_SRV_EP_METRICS] = "/metrics",
     [SB_SRV_EP_PROMPTS] = "/v1/prompts",
     [SB_SRV_EP_ADMIN] = "/admin",
+    [SB_SRV_EP_USAGE] = "/v1/usage",
+    [SB_SRV_EP_FEEDBACK] = "/v1/feedback",
     [SB_SRV_EP_OTHER] = "other",
 };
 
@@ -89,6 +91,12 @@ void sb_srv_metrics_generation(sb_srv_model_metrics *mm, int32_t n_prompt, int32
     mm->generated_tokens += (uint64_t)SB_MAX(n_generated, 0);
     if (ttft_s > 0)
         observe(&mm->ttft, ttft_bounds, SB_SRV_TTFT_BUCKETS - 1, ttft_s);
+    pthread_mutex_unlock(mm->mu);
+}
+
+void sb_srv_metrics_cache(sb_srv_model_metrics *mm, bool hit) {
+    pthread_mutex_lock(mm->mu);
+    *(hit ? &mm->cache_hits : &mm->cache_misses) += 1;
     pthread_mutex_unlock(mm->mu);
 }
 
@@ -164,6 +172,10 @@ static void render_models(sb_srv_buf *out, const sb_srv_model_metrics *models, s
          offsetof(sb_srv_model_metrics, prompt_tokens)},
         {"switchboard_generation_tokens_total", "Generated tokens of finished requests (usage.completion_tokens).",
          offsetof(sb_srv_model_metrics, generated_tokens)},
+        {"switchboard_cache_hits_total", "Requests answered from the response cache.",
+         offsetof(sb_srv_model_metrics, cache_hits)},
+        {"switchboard_cache_misses_total", "Cacheable (deterministic) requests the response cache did not have.",
+         offsetof(sb_srv_model_metrics, cache_misses)},
     };
     for (size_t c = 0; c < SB_ARRAY_LEN(counters); c++) {
         header(out, counters[c].name, "counter", counters[c].help);

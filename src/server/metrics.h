@@ -15,6 +15,7 @@
 #define SB_SRV_METRICS_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/engine.h"
@@ -31,6 +32,8 @@ typedef enum sb_srv_endpoint {
     SB_SRV_EP_METRICS,
     SB_SRV_EP_PROMPTS,
     SB_SRV_EP_ADMIN,
+    SB_SRV_EP_USAGE,
+    SB_SRV_EP_FEEDBACK,
     SB_SRV_EP_OTHER, /* unknown paths */
     SB_SRV_EP_COUNT
 } sb_srv_endpoint;
@@ -52,6 +55,7 @@ typedef struct sb_srv_model_metrics {
     char name[128];
     uint64_t generations;                     /* finished generations and embeddings */
     uint64_t prompt_tokens, generated_tokens; /* as reported to clients in usage */
+    uint64_t cache_hits, cache_misses;        /* response cache lookups of cacheable requests */
     sb_srv_hist ttft, itl;
 } sb_srv_model_metrics;
 
@@ -71,6 +75,8 @@ void sb_srv_metrics_request(sb_srv_metrics *m, sb_srv_endpoint ep, unsigned stat
 sb_srv_model_metrics *sb_srv_metrics_model(sb_srv_metrics *m, const char *name);
 /* Counts one finished generation (or embedding): usage and time to first token. */
 void sb_srv_metrics_generation(sb_srv_model_metrics *mm, int32_t n_prompt, int32_t n_generated, double ttft_s);
+/* Counts one response cache lookup. */
+void sb_srv_metrics_cache(sb_srv_model_metrics *mm, bool hit);
 /* Records the gap between two consecutive tokens of one sequence. */
 void sb_srv_metrics_itl(sb_srv_model_metrics *mm, double seconds);
 

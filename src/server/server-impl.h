@@ -37,6 +37,7 @@ struct sb_srv {
     sb_registry *reg;
 
     sb_srv_metrics metrics;
+    struct sb_srv_account *account; /* cache, usage, request log (account.c); NULL when all are off */
     atomic_uint_fast64_t counter; /* ids and default seeds */
     uint64_t salt;                /* mixed into ids and default seeds */
 };

@@ -26,6 +26,7 @@
 
 #include "base/base.h"
 #include "model/model.h"
+#include "server/account.h"
 #include "server/admin.h"
 #include "server/door.h"
 #include "server/gen.h"
@@ -239,10 +240,12 @@ static void submit_error(const sb_error *err, sb_status st, sb_oai_err *e) {
 
 /* Says which model served, and why when it is a fallback: the body's
  * "model" and "metadata" say the same, these reach clients that only look
- * at headers (proxies, logs). */
-static struct MHD_Response *with_model_headers(struct MHD_Response *r, const sb_reg_lease *lease) {
+ * at headers (proxies, logs); and whether the response cache answered. */
+static struct MHD_Response *with_model_headers(struct MHD_Response *r, const sb_reg_lease *lease,
+                                               const sb_srv_acct *acct) {
     if (!r)
         return NULL;
+    sb_srv_acct_headers(acct, r);
     MHD_add_response_header(r, "x-switchboard-model", sb_reg_lease_name(lease));
     const char *fb = sb_reg_lease_fallback(lease);
     if (fb)
@@ -259,55 +262,95 @@ static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn,
     sb_oai_err e;
     if (!sb_oai_parse(srv, kind, q->body.p ? q->body.p : "", q->body.len, &req, &e))
         return respond_error(srv, conn, q, "POST", url, &e);
+    sb_srv_acct *acct = sb_srv_acct_begin(srv, &req, q->body.p, q->body.len, q->t_start);
     sb_srv_buf_free(&q->body); /* not needed any more: do not hold it during generation */
 
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     sb_srv_gen *gen;
     sb_error err;
-    sb_status st = sb_srv_gen_submit(srv, &req, ci ? ci->connect_fd : -1, &gen, &err);
+    sb_srv_event *cached = sb_srv_acct_lookup(acct);
+    sb_status st = cached ? sb_srv_gen_replay(cached, &gen, &err)
+                          : sb_srv_gen_submit(srv, &req, ci ? ci->connect_fd : -1, &gen, &err);
     if (st != SB_OK) {
         sb_oai_req_free(&req);
         submit_error(&err, st, &e);
+        sb_srv_acct_end(acct, e.status);
         return respond_error(srv, conn, q, "POST", url, &e);
     }
     if (req.stream) { /* the stream takes req over, and with it the lease, which lives as long as the response */
         const sb_reg_lease *lease = req.lease;
-        return respond(srv, conn, q, "POST", url, MHD_HTTP_OK, with_model_headers(sb_srv_sse_response(srv, &req, gen), lease));
+        return respond(srv, conn, q, "POST", url, MHD_HTTP_OK,
+                       with_model_headers(sb_srv_sse_response(srv, &req, gen, acct), lease, acct));
     }
 
     sb_oai_resp resp;
     enum MHD_Result result = MHD_NO;
+    unsigned status = MHD_HTTP_INTERNAL_SERVER_ERROR;
     if (!sb_oai_resp_init(&resp, srv, &req)) {
         sb_srv_gen_cancel(gen);
         goto done;
     }
+    sb_srv_acct_id(acct, resp.id);
     for (;;) {
         bool gone;
         sb_srv_event *evs = sb_srv_gen_next(gen, &gone);
         if (gone) { /* nobody to answer: close the connection */
-            sb_srv_metrics_request(&srv->metrics, q->ep, 499);
+            status = 499;
+            sb_srv_metrics_request(&srv->metrics, q->ep, status);
             sb__srv_log(srv, "POST %.200s: client went away; cancelled", url);
             goto done;
         }
         if (!evs)
             break;
-        for (sb_srv_event *ev = evs; ev; ev = ev->next)
+        for (sb_srv_event *ev = evs; ev; ev = ev->next) {
+            sb_srv_acct_event(acct, ev);
             sb_oai_resp_add(&resp, ev);
+        }
         sb_srv_events_free(evs);
     }
     sb_srv_buf body = {0};
-    if (sb_oai_resp_body(&resp, &body, &e))
+    if (sb_oai_resp_body(&resp, &body, &e)) {
+        status = MHD_HTTP_OK;
         result = body.failed ? MHD_NO
-                             : respond(srv, conn, q, "POST", url, MHD_HTTP_OK,
-                                       with_model_headers(body_response("application/json", body.p, body.len), req.lease));
-    else
+                             : respond(srv, conn, q, "POST", url, status,
+                                       with_model_headers(body_response("application/json", body.p, body.len), req.lease,
+                                                          acct));
+    } else {
+        status = e.status;
         result = respond_error(srv, conn, q, "POST", url, &e);
+    }
     sb_srv_buf_free(&body);
 done:
+    sb_srv_acct_end(acct, status);
     sb_oai_resp_free(&resp);
     sb_srv_gen_release(gen);
     sb_oai_req_free(&req);
     return result;
+}
+
+/* GET /v1/usage: the caller's own; GET /admin/usage: every key's.
+ * ?by=model|key|day&since=YYYY-MM-DD. */
+static enum MHD_Result handle_usage(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
+    const char *by = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "by"),
+               *since = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "since");
+    sb_srv_buf b = {0};
+    sb_oai_err e;
+    const char *key = q->ep == SB_SRV_EP_ADMIN ? NULL : ""; /* anonymous until keys exist */
+    enum MHD_Result r = sb_srv_account_usage(srv, key, by, since, &b, &e) ? respond_json(srv, conn, q, "GET", url, 200, &b)
+                                                                          : respond_error(srv, conn, q, "GET", url, &e);
+    sb_srv_buf_free(&b);
+    return r;
+}
+
+/* POST /v1/feedback {"id", "rating", "comment"}. */
+static enum MHD_Result handle_feedback(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
+    sb_srv_buf b = {0};
+    sb_oai_err e;
+    enum MHD_Result r = sb_srv_account_feedback(srv, "", q->body.p, q->body.len, &b, &e)
+                            ? respond_json(srv, conn, q, "POST", url, 200, &b)
+                            : respond_error(srv, conn, q, "POST", url, &e);
+    sb_srv_buf_free(&b);
+    return r;
 }
 
 static const route routes[] = {
@@ -320,6 +363,9 @@ static const route routes[] = {
     {"/admin/models", "GET", SB_SRV_EP_ADMIN, handle_admin},
     {"/admin/models/", "POST", SB_SRV_EP_ADMIN, handle_admin},
     {"/admin/reload", "POST", SB_SRV_EP_ADMIN, handle_admin},
+    {"/admin/usage", "GET", SB_SRV_EP_ADMIN, handle_usage},
+    {"/v1/usage", "GET", SB_SRV_EP_USAGE, handle_usage},
+    {"/v1/feedback", "POST", SB_SRV_EP_FEEDBACK, handle_feedback},
     {"/health", "GET", SB_SRV_EP_HEALTH, handle_health},
     {"/metrics", "GET", SB_SRV_EP_METRICS, handle_metrics},
 };
@@ -508,6 +554,11 @@ sb_status sb_srv_start(const sb_srv_params *params, sb_srv **out, sb_error *err)
     atomic_init(&srv->counter, 0);
     atomic_init(&srv->ready, false);
     sb_srv_metrics_init(&srv->metrics);
+    sb_status st = sb_srv_account_start(srv, err);
+    if (st != SB_OK) {
+        sb_srv_stop(srv);
+        return st;
+    }
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
     char port[8];
@@ -522,7 +573,7 @@ sb_status sb_srv_start(const sb_srv_params *params, sb_srv **out, sb_error *err)
     socklen_t addrlen = (socklen_t)SB_MIN((size_t)ai->ai_addrlen, sizeof addr);
     memcpy(&addr, ai->ai_addr, addrlen);
     freeaddrinfo(ai);
-    sb_status st = sb_srv_door_open(srv, (struct sockaddr *)&addr, addrlen, &srv->door, err);
+    st = sb_srv_door_open(srv, (struct sockaddr *)&addr, addrlen, &srv->door, err);
     if (st != SB_OK) {
         sb_srv_stop(srv);
         return st;
@@ -596,6 +647,7 @@ void sb_srv_stop(sb_srv *srv) {
     if (srv->daemon)
         MHD_stop_daemon(srv->daemon);
     sb_srv_door_free(srv->door);
+    sb_srv_account_stop(srv); /* after the connections: their streams' ends are recorded */
     sb_registry_free(srv->reg);
     sb_executor_free(srv->exec);
     sb_srv_metrics_destroy(&srv->metrics);

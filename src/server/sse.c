@@ -14,6 +14,7 @@
 typedef struct sse_stream {
     sb_oai_req req;
     sb_srv_gen *gen;
+    sb_srv_acct *acct;
     sb_oai_resp resp;
     sb_srv_buf out; /* rendered events not yet handed to libmicrohttpd */
     size_t off;     /* of out, already handed */
@@ -41,9 +42,11 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             sb_srv_buf_puts(&s->out, "data: [DONE]\n\n");
             s->ended = true;
         }
-        for (sb_srv_event *ev = evs; ev; ev = ev->next)
+        for (sb_srv_event *ev = evs; ev; ev = ev->next) {
+            sb_srv_acct_event(s->acct, ev);
             if (sb_oai_resp_chunk(&s->resp, ev, &s->out))
                 s->ended = true;
+        }
         sb_srv_events_free(evs);
         if (s->out.failed) {
             sb_srv_gen_cancel(s->gen);
@@ -56,6 +59,7 @@ static void sse_free(void *cls) {
     sse_stream *s = cls;
     if (!s->ended) /* the connection ended early: nobody wants the rest */
         sb_srv_gen_cancel(s->gen);
+    sb_srv_acct_end(s->acct, s->ended ? 200 : 499);
     sb_srv_gen_release(s->gen);
     sb_oai_resp_free(&s->resp);
     sb_oai_req_free(&s->req);
@@ -63,9 +67,10 @@ static void sse_free(void *cls) {
     sb_free(s);
 }
 
-struct MHD_Response *sb_srv_sse_response(sb_srv *srv, sb_oai_req *req, sb_srv_gen *gen) {
+struct MHD_Response *sb_srv_sse_response(sb_srv *srv, sb_oai_req *req, sb_srv_gen *gen, sb_srv_acct *acct) {
     sse_stream *s = sb_calloc(1, sizeof *s);
     if (!s) {
+        sb_srv_acct_end(acct, 500);
         sb_srv_gen_cancel(gen);
         sb_srv_gen_release(gen);
         sb_oai_req_free(req);
@@ -74,8 +79,10 @@ struct MHD_Response *sb_srv_sse_response(sb_srv *srv, sb_oai_req *req, sb_srv_ge
     s->req = *req;
     memset(req, 0, sizeof *req);
     s->gen = gen;
+    s->acct = acct;
     struct MHD_Response *r = NULL;
     if (sb_oai_resp_init(&s->resp, srv, &s->req)) {
+        sb_srv_acct_id(acct, s->resp.id);
         sb_oai_resp_start(&s->resp, &s->out); /* the headers and these go out before the first token */
         if (!s->out.failed)
             r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, SSE_BLOCK_SIZE, sse_read, s, sse_free);

@@ -12,14 +12,16 @@
 #ifndef SB_SRV_SSE_H
 #define SB_SRV_SSE_H
 
+#include "server/account.h"
 #include "server/gen.h"
 #include "server/openai.h"
 
 struct MHD_Response;
 
 /* Creates the streaming response for a submitted request. Takes ownership
- * of *req (left empty) and of the caller's reference to gen, also on
- * failure (NULL: out of memory; the generations are then cancelled). */
-struct MHD_Response *sb_srv_sse_response(sb_srv *srv, sb_oai_req *req, sb_srv_gen *gen);
+ * of *req (left empty), of the caller's reference to gen and of acct (its
+ * events are shown to it, and it ends with the stream), also on failure
+ * (NULL: out of memory; the generations are then cancelled). */
+struct MHD_Response *sb_srv_sse_response(sb_srv *srv, sb_oai_req *req, sb_srv_gen *gen, sb_srv_acct *acct);
 
 #endif
