@@ -35,6 +35,8 @@ static const char usage[] =
     "             [--dim N] [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N] [--seed S]\n"
     "  quantize   quantize a model as llama.cpp's quantizer does:  quantize IN.gguf OUT.gguf TYPE [--threads N]\n"
     "             [--allow-requantize]   (TYPE: q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k_m q4_k_m q5_k_m q6_k)\n"
+    "  usage      requests, tokens, cost and ratings a server recorded:  usage --state-dir DIR\n"
+    "             [--by model|key|day] [--since YYYY-MM-DD]\n"
     "\n"
     "'--' ends a command's options: what follows is an operand even if it starts with '-'\n"
     "(switchboard tokenize -m FILE -- -x).\n";
@@ -155,6 +157,7 @@ int sb_cmd_bench(int argc, char **argv); /* cmd_bench.c */
 int sb_cmd_template(int argc, char **argv); /* cmd_template.c */
 int sb_cmd_serve(int argc, char **argv); /* cmd_serve.c */
 int sb_cmd_quantize(int argc, char **argv); /* cmd_quantize.c */
+int sb_cmd_usage(int argc, char **argv);    /* cmd_usage.c */
 
 /* The library's diagnostics, as the CLI's own: on stderr, one line each. */
 static void log_line(void *user, int level, const char *line) {
@@ -178,6 +181,7 @@ int main(int argc, char **argv) {
         {"template", sb_cmd_template},
         {"serve", sb_cmd_serve},
         {"quantize", sb_cmd_quantize},
+        {"usage", sb_cmd_usage},
     };
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fputs(usage, argc < 2 ? stderr : stdout);

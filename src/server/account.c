@@ -737,6 +737,38 @@ void sb_srv_account_stop(sb_srv *srv) {
 
 /* ---- endpoints ------------------------------------------------------------- */
 
+void sb_srv_account_metrics(sb_srv *srv, sb_srv_buf *out) {
+    sb_srv_account *A = srv->account;
+    if (!A)
+        return;
+    pthread_mutex_lock(&A->mu);
+    uint64_t dropped = A->dropped, pending = A->pending;
+    pthread_mutex_unlock(&A->mu);
+    sb_gw_cache_stats cs = {0};
+    if (A->cache)
+        sb_gw_cache_stats_get(A->cache, &cs);
+    const struct {
+        const char *name, *type, *help;
+        uint64_t v;
+    } figures[] = {
+        {"switchboard_cache_entries", "gauge", "Entries in the in-memory response cache.", cs.entries},
+        {"switchboard_cache_bytes", "gauge", "Bytes the in-memory response cache holds (bounded by --cache-bytes).",
+         cs.bytes},
+        {"switchboard_cache_evictions_total", "counter", "Response cache entries dropped for room.", cs.evictions},
+        {"switchboard_cache_expired_total", "counter", "Response cache entries dropped for age (--cache-ttl).",
+         cs.expired},
+        {"switchboard_cache_backend_errors_total", "counter",
+         "Redis cache commands that failed or timed out (each a miss, never an error).", cs.backend_errors},
+        {"switchboard_accounting_pending", "gauge", "Ended requests whose usage and log line are not written yet.",
+         pending},
+        {"switchboard_accounting_dropped_total", "counter",
+         "Requests whose usage and log line were dropped (the writer's queue was full).", dropped},
+    };
+    for (size_t i = 0; i < SB_ARRAY_LEN(figures); i++)
+        sb_srv_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", figures[i].name, figures[i].help,
+                          figures[i].name, figures[i].type, figures[i].name, (unsigned long long)figures[i].v);
+}
+
 /* Waits for the writer, then takes usage.db (unlock with pthread_mutex_unlock(&usage_mu));
  * NULL with e set when usage is off or unavailable. */
 static sb_gw_usage *usage_take(sb_srv *srv, sb_oai_err *e) {

@@ -53,6 +53,9 @@ void sb_srv_acct_headers(const sb_srv_acct *a, struct MHD_Response *r);
 /* Consumes a (NULL is a no-op). */
 void sb_srv_acct_end(sb_srv_acct *a, unsigned status);
 
+/* Appends the cache's and the writer's figures to a /metrics exposition. */
+void sb_srv_account_metrics(sb_srv *srv, sb_srv_buf *out);
+
 /* GET /v1/usage (key: the caller's key name, "" anonymous) and
  * GET /admin/usage (key NULL: every key); `by` and `since` are the query's
  * (NULL when absent). False with e set on a bad query or when usage is

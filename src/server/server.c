@@ -168,6 +168,7 @@ static enum MHD_Result handle_metrics(sb_srv *srv, struct MHD_Connection *conn, 
     sb_srv_metrics_request(&srv->metrics, q->ep, MHD_HTTP_OK);
     sb_srv_buf b = {0};
     sb_srv_metrics_render(&srv->metrics, samples, n, ready ? &totals : NULL, &b);
+    sb_srv_account_metrics(srv, &b);
     struct MHD_Response *r = b.failed ? NULL : body_response("text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
     sb_srv_buf_free(&b);
     if (!r)
