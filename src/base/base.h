@@ -28,6 +28,10 @@
 /* Records status and a printf-style message in err (if not NULL); returns status. */
 sb_status sb_fail(sb_error *err, sb_status status, const char *fmt, ...) SB_PRINTF(3, 4);
 
+struct cJSON;
+/* A JSON value's type as messages name it: "a string", "an array", "null" (NULL too). */
+const char *sb__json_kind(const struct cJSON *v);
+
 /* Allocation through the process-wide hook; NULL on failure (never aborts). */
 void *sb_malloc(size_t size);
 void *sb_calloc(size_t count, size_t size); /* NULL also if count*size overflows */
