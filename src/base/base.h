@@ -72,6 +72,10 @@ static inline bool sb_add_overflows(uint64_t a, uint64_t b, uint64_t *out) {
 /* x rounded down / up to a multiple of a, a power of two. */
 static inline uintptr_t sb_align_down(uintptr_t x, uintptr_t a) { return x & ~(a - 1); }
 static inline uintptr_t sb_align_up(uintptr_t x, uintptr_t a) { return sb_align_down(x + a - 1, a); }
+
+/* madvise() over the whole `unit`s inside [p, p + size), if any: the pages
+ * that belong to that range alone. */
+void sb__advise_inside(const void *p, size_t size, uintptr_t unit, int advice);
 #define SB_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SB_MAX(a, b) ((a) > (b) ? (a) : (b))
 
