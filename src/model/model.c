@@ -32,20 +32,53 @@ static size_t packable(sb_model *m, sb_weight **out) {
     return n;
 }
 
-void sb__advise_inside(const void *p, size_t size, uintptr_t unit, int advice) {
-    const uintptr_t lo = sb_align_up((uintptr_t)p, unit), hi = sb_align_down((uintptr_t)p + size, unit);
-    if (hi > lo)
-        madvise((void *)lo, hi - lo, advice);
-}
-
 static size_t weight_size(const sb_weight *w) { return sb_type_row_size(w->type, w->n_in) * (size_t)w->n_out; }
 
-/* The file's copy of a weight that now lives elsewhere is not read again:
- * its whole pages leave memory (only from the reader's own mapping of the
- * file or its private copy: a caller's buffer is not ours to zero). */
-static void drop_file_copy(const sb_model *m, const sb_weight *w) {
-    if (m->gguf->mapped)
-        sb__advise_inside(w->data, weight_size(w), (uintptr_t)sysconf(_SC_PAGESIZE), MADV_DONTNEED);
+/* The largest weight in list: a private image reads each repacked weight
+ * through one buffer of that size instead of holding the whole file (see
+ * sb_gguf_open_private). */
+static size_t largest(sb_weight *const *list, size_t n) {
+    size_t max = 0;
+    for (size_t i = 0; i < n; i++)
+        max = SB_MAX(max, weight_size(list[i]));
+    return max;
+}
+
+/* Copies the weights in list (packed for the kernels) and the embedding
+ * table into m->packed, each 64-byte aligned, and tells the file's image it
+ * will not read them again. */
+static sb_status copy_weights(sb_model *m, sb_weight **list, size_t n, sb_weight *embd, uint8_t *dst,
+                              sb_error *err) {
+    void *staging = NULL;
+    if (m->gguf->fd >= 0 && n > 0 && !(staging = sb_malloc(largest(list, n))))
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory for a %zu-byte read buffer", largest(list, n));
+    sb_status st = SB_OK;
+    for (size_t i = 0; i < n && st == SB_OK; i++) {
+        sb_weight *w = list[i];
+        const void *src = sb_gguf_bytes(m->gguf, w->data, weight_size(w), staging, err);
+        if (!src) {
+            st = SB_ERR_IO;
+            break;
+        }
+        sb_weight_pack(w->type, src, dst, w->n_in, w->n_out);
+        sb_gguf_drop(m->gguf, w->data, weight_size(w));
+        w->data = dst;
+        w->packed = true;
+        dst += sb_align_up(weight_size(w), 64);
+    }
+    sb_free(staging);
+    if (st != SB_OK || !embd)
+        return st;
+    const void *src = sb_gguf_bytes(m->gguf, embd->data, weight_size(embd), dst, err);
+    if (!src)
+        return SB_ERR_IO;
+    if (src != dst)
+        memcpy(dst, src, weight_size(embd));
+    sb_gguf_drop(m->gguf, embd->data, weight_size(embd));
+    if (m->output.data == embd->data) /* tied: the output matrix is the same table */
+        m->output.data = dst;
+    embd->data = dst;
+    return SB_OK;
 }
 
 sb_status sb_model_pack(sb_model *m, sb_error *err) {
@@ -70,23 +103,10 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
     /* Huge pages where the system gives them on request: the kernels stream
      * the whole copy every token, and 4 KiB pages cost a TLB miss each. */
     sb__advise_inside(dst, total, (uintptr_t)2 << 20, MADV_HUGEPAGE);
-    for (size_t i = 0; i < n; i++) {
-        sb_weight *w = list[i];
-        sb_weight_pack(w->type, w->data, dst, w->n_in, w->n_out);
-        drop_file_copy(m, w);
-        w->data = dst;
-        w->packed = true;
-        dst += sb_align_up(weight_size(w), 64);
-    }
-    if (embd) {
-        memcpy(dst, embd->data, weight_size(embd));
-        drop_file_copy(m, embd);
-        if (m->output.data == embd->data) /* tied: the output matrix is the same table */
-            m->output.data = dst;
-        embd->data = dst;
-    }
+    sb_status st = copy_weights(m, list, n, embd, dst, err);
     sb_free(list);
-    return SB_OK;
+    /* What was not copied (norms, unpacked matrices) is read into a private image now. */
+    return st == SB_OK ? sb_gguf_fill(m->gguf, err) : st;
 }
 
 /* ---- loading ------------------------------------------------------------------ */

@@ -153,9 +153,6 @@ sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t blo
                      sb_error *err);
 void sb_kv_free(sb_kv *kv);
 
-/* madvise() over the whole `unit`s inside [p, p + size), if any (module internal). */
-void sb__advise_inside(const void *p, size_t size, uintptr_t unit, int advice);
-
 static inline size_t sb_kv_offset(const sb_kv *kv, int32_t layer, int32_t block, int32_t head, int32_t slot) {
     return ((((size_t)layer * kv->n_blocks + (size_t)block) * kv->n_head_kv + (size_t)head) * kv->block_size +
             (size_t)slot) *
