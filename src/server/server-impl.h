@@ -37,9 +37,9 @@ struct sb_srv {
     sb_registry *reg;
 
     sb_srv_metrics metrics;
-    struct sb_srv_account *account; /* cache, usage, request log (account.c); NULL when all are off */
     atomic_uint_fast64_t counter; /* ids and default seeds */
     uint64_t salt;                /* mixed into ids and default seeds */
+    struct sb_srv_account *account; /* cache, usage, request log (account.c); NULL when all are off */
 };
 
 /* A fresh pseudo-random 64-bit number (distinct per call). */

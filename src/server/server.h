@@ -37,6 +37,10 @@ typedef struct sb_srv_params {
     uint32_t header_timeout_s; /* a new connection's request head must arrive within this (else 408) */
     uint32_t body_timeout_s;   /* a request body must arrive within this of its head (else closed) */
     uint32_t max_connections;  /* open connections; more are refused with 503 */
+    /* Receives one line per request and per notable event (no newline);
+     * called from connection threads. NULL: silent. */
+    void (*log)(void *user, const char *line);
+    void *log_user;
     /* Accounting (server/account.h): response cache, usage.db, request log. */
     const char *cache;         /* NULL or "off", "memory", "redis://host:port" */
     size_t cache_bytes;        /* the memory cache's bound; 0: 256 MiB */
@@ -45,10 +49,6 @@ typedef struct sb_srv_params {
     const char *request_log;   /* JSON lines; NULL: none */
     uint64_t request_log_max_bytes; /* rotated past this; 0: 64 MiB */
     bool log_prompts;          /* the request log holds prompts and completions */
-    /* Receives one line per request and per notable event (no newline);
-     * called from connection threads. NULL: silent. */
-    void (*log)(void *user, const char *line);
-    void *log_user;
 } sb_srv_params;
 sb_srv_params sb_srv_default_params(void);
 
