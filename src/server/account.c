@@ -90,6 +90,7 @@ struct sb_srv_acct {
     double latency_s;
     unsigned status;
     bool cacheable, hit, failed;
+    bool refused;            /* before any model: logged, not counted */
     int32_t n_done;
     int64_t prompt, completion, cached;
     sb_gw_cache_key key;
@@ -428,6 +429,30 @@ static void acct_trim(sb_srv_acct *a) {
     a->texts = NULL;
 }
 
+void sb_srv_acct_refused(sb_srv *srv, sb_oai_kind kind, const sb_gw_caller *caller, const char *body, size_t len,
+                         double t_start, unsigned status) {
+    sb_srv_account *A = srv->account;
+    if (!A || !A->log)
+        return;
+    sb_srv_acct *a = sb_calloc(1, sizeof *a);
+    if (!a)
+        return;
+    a->srv = srv;
+    a->caller = *caller;
+    a->kind = kind;
+    a->refused = true;
+    a->t_start = t_start;
+    a->ttft_s = -1;
+    cJSON *root = cJSON_ParseWithLength(body ? body : "", len);
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (cJSON_IsString(m))
+        snprintf(a->requested, sizeof a->requested, "%s", m->valuestring);
+    cJSON_Delete(root);
+    if (srv->p.log_prompts)
+        a->prompt_text = prompt_text(body ? body : "", len);
+    sb_srv_acct_end(a, status);
+}
+
 void sb_srv_acct_end(sb_srv_acct *a, unsigned status) {
     if (!a)
         return;
@@ -444,7 +469,7 @@ void sb_srv_acct_end(sb_srv_acct *a, unsigned status) {
     a->store = store;
     if (!store)
         sb_srv_buf_free(&a->value);
-    if (!A->log && !A->usage_wanted && !store) {
+    if ((!A->log && !A->usage_wanted && !store) || (a->refused && !A->log)) {
         acct_free(a);
         return;
     }
@@ -491,8 +516,8 @@ static void write_log_line(sb_srv_account *A, const sb_srv_acct *a) {
     add_text(o, "tier", a->caller.tier);
     cJSON_AddStringToObject(o, "endpoint", a->kind == SB_OAI_CHAT ? "/v1/chat/completions"
                                            : a->kind == SB_OAI_COMPLETION ? "/v1/completions" : "/v1/embeddings");
-    cJSON_AddStringToObject(o, "model_requested", a->requested);
-    cJSON_AddStringToObject(o, "model", a->served);
+    add_text(o, "model_requested", a->requested);
+    add_text(o, "model", a->served);
     cJSON_AddNumberToObject(o, "status", a->status);
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)a->prompt);
     cJSON_AddNumberToObject(o, "completion_tokens", (double)a->completion);
@@ -578,9 +603,10 @@ static bool record_usage_locked(sb_srv_account *A, sb_srv_acct *list, size_t n) 
         return false;
     size_t i = 0;
     for (sb_srv_acct *a = list; a; a = a->next)
-        recs[i++] = usage_rec(a);
+        if (!a->refused)
+            recs[i++] = usage_rec(a);
     sb_error err;
-    sb_status st = sb_gw_usage_record(A->usage, recs, n, &err);
+    sb_status st = sb_gw_usage_record(A->usage, recs, i, &err);
     sb_free(recs);
     if (st == SB_OK)
         return true;

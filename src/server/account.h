@@ -52,6 +52,11 @@ void sb_srv_acct_event(sb_srv_acct *a, const sb_srv_event *ev);
 void sb_srv_acct_headers(const sb_srv_acct *a, struct MHD_Response *r);
 /* Consumes a (NULL is a no-op). */
 void sb_srv_acct_end(sb_srv_acct *a, unsigned status);
+/* A generation request refused before a model served it (bad JSON or
+ * parameter, unknown model; the gateway's refusals): a request log line
+ * naming the model the body asked for, no usage (no model to count it on). */
+void sb_srv_acct_refused(sb_srv *srv, sb_oai_kind kind, const sb_gw_caller *caller, const char *body, size_t len,
+                         double t_start, unsigned status);
 
 /* Appends the cache's and the writer's figures to a /metrics exposition. */
 void sb_srv_account_metrics(sb_srv *srv, sb_srv_buf *out);

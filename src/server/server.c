@@ -261,8 +261,10 @@ static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn,
                                                                                            : SB_OAI_EMBEDDING;
     sb_oai_req req;
     sb_oai_err e;
-    if (!sb_oai_parse(srv, kind, q->body.p ? q->body.p : "", q->body.len, &req, &e))
+    if (!sb_oai_parse(srv, kind, q->body.p ? q->body.p : "", q->body.len, &req, &e)) {
+        sb_srv_acct_refused(srv, kind, &req.caller, q->body.p, q->body.len, q->t_start, e.status);
         return respond_error(srv, conn, q, "POST", url, &e);
+    }
     sb_srv_acct *acct = sb_srv_acct_begin(srv, &req, q->body.p, q->body.len, q->t_start);
     sb_srv_buf_free(&q->body); /* not needed any more: do not hold it during generation */
 

@@ -230,13 +230,18 @@ test('the request log: one complete line per request, rotated by size, prompts o
   try {
     const r = await postJSON(`${srv.url}/v1/chat/completions`, { model: 'a', messages: [{ role: 'user', content: 'hello there' }], max_tokens: 5 });
     text = r.json.choices[0].message.content;
+    const refused = await postJSON(`${srv.url}/v1/chat/completions`, { model: 'nope', messages: [{ role: 'user', content: 'x' }] });
+    assert.equal(refused.status, 404);
   } finally {
     await srv.stop();
   }
-  const [line] = fs.readFileSync(log2, 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  const [line, refusedLine] = fs.readFileSync(log2, 'utf8').trim().split('\n').map((l) => JSON.parse(l));
   assert.deepEqual(line.prompt, [{ role: 'user', content: 'hello there' }]);
   assert.deepEqual(line.completion, [text]);
   assert.equal(line.cache, null, 'no cache: not a hit nor a miss');
+  assert.equal(refusedLine.status, 404, 'a refused request has its line too');
+  assert.equal(refusedLine.model_requested, 'nope');
+  assert.equal(refusedLine.model, null, 'no model served it');
 });
 
 test('a corrupt usage.db and a locked one: a clear log line, answers keep coming, nothing recorded is lost', async () => {
