@@ -57,7 +57,7 @@ typedef struct entry {
 
 struct sb_gw_cache {
     sb_gw_cache_params p;
-    sb_gw__cache_redis *redis; /* NULL: the memory backend */
+    sb_redis *redis; /* NULL: the memory backend */
     pthread_mutex_t mu;
     entry **buckets;
     size_t n_buckets; /* a power of two */
@@ -220,7 +220,7 @@ sb_status sb_gw_cache_create(const sb_gw_cache_params *p, sb_gw_cache **out, sb_
         c->p.timeout_ms = SB_GW_CACHE_REDIS_TIMEOUT_MS;
     pthread_mutex_init(&c->mu, NULL);
     if (redis) {
-        sb_status st = sb_gw__cache_redis_create(backend, c->p.timeout_ms, &c->redis, err);
+        sb_status st = sb_redis_create(backend, c->p.timeout_ms, &c->redis, err);
         if (st != SB_OK) {
             sb_gw_cache_free(c);
             return st;
@@ -235,7 +235,7 @@ void sb_gw_cache_free(sb_gw_cache *c) {
         return;
     while (c->head)
         remove_entry(c, c->head);
-    sb_gw__cache_redis_free(c->redis);
+    sb_redis_free(c->redis);
     pthread_mutex_destroy(&c->mu);
     sb_free(c->buckets);
     sb_free(c);

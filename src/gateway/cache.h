@@ -15,10 +15,10 @@
  *             the byte bound is reached, and every entry lives at most the
  *             TTL (an expired entry is a miss and is dropped when seen).
  *   redis   - shared by every replica pointed at the same Redis, through
- *             the gateway's Redis connection rules (bounded connect and
- *             command time, marked down and backed off on failure): a dead
- *             or slow Redis turns into misses after at most the timeout,
- *             never into errors. Entries expire by Redis's own PX.
+ *             the gateway's Redis client (gateway/redis.h: bounded connect
+ *             and command time, marked down and backed off on failure): a
+ *             dead or slow Redis turns into misses after at most the
+ *             timeout, never into errors. Entries expire by Redis's own PX.
  *
  * Threads: every function may be called from any thread.
  */
@@ -34,7 +34,7 @@
 #define SB_GW_CACHE_KEY_BYTES 32
 #define SB_GW_CACHE_DEFAULT_BYTES ((size_t)256 << 20)
 #define SB_GW_CACHE_DEFAULT_TTL_MS (3600 * 1000)
-#define SB_GW_CACHE_REDIS_TIMEOUT_MS 50
+#define SB_GW_CACHE_REDIS_TIMEOUT_MS 50 /* the gateway's Redis default (SB_REDIS_TIMEOUT_MS) */
 
 typedef struct sb_gw_cache_key {
     uint8_t b[SB_GW_CACHE_KEY_BYTES];

@@ -209,5 +209,5 @@ test('a hot swap of the model file never serves the old answers; /metrics counts
 
 test('--cache rejects a bad backend at start', async () => {
   await assert.rejects(startServer(['--cache', 'memcached://x'], { registry }), /not a cache backend/);
-  await assert.rejects(startServer(['--cache', 'redis://'], { registry }), /not a Redis URL/);
+  await assert.rejects(startServer(['--cache', 'redis://'], { registry }), /the Redis URL has no host/);
 });
