@@ -24,14 +24,16 @@ static bool refuse(sb_batch_line *out, const char *code, int64_t line_no, const 
     return false;
 }
 
-/* s as a short printable quote for a message (control bytes dropped). */
+/* s as a short printable quote for a message ("...", control bytes dropped). */
 static const char *quote(const char *s, char *buf, size_t cap) {
     size_t i = 0, j = 0;
-    for (; s[i] && j + 4 < cap; i++)
+    buf[j++] = '"';
+    for (; s[i] && j + 5 < cap; i++)
         if ((unsigned char)s[i] >= 0x20)
             buf[j++] = s[i];
     if (s[i])
         memcpy(buf + j, "...", 3), j += 3;
+    buf[j++] = '"';
     buf[j] = '\0';
     return buf;
 }
