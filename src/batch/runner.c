@@ -268,6 +268,8 @@ static sb_status run_one(run *r, const sb_batch_item *it, sb_error *err) {
         r->prog.failed += failed;
         r->prog.computed++;
         r->prog.completion_tokens += completion_tokens;
+        r->prog.last_prompt_tokens = prompt_tokens;
+        r->prog.last_completion_tokens = completion_tokens;
         r->prog.elapsed_s = now_s() - r->t0;
         if (r->p->progress)
             r->p->progress(r->p->progress_user, &r->prog);
