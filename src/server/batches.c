@@ -711,9 +711,11 @@ enum MHD_Result sb__srv_batches_cancel(sb_srv *srv, struct MHD_Connection *conn,
         b->wake = true;
         pthread_cond_signal(&b->cv);
         pthread_mutex_unlock(&b->mu);
+        char id[SB_BATCH_ID_MAX];
+        memcpy(id, j.id, sizeof id);
         sb_batch_job_clear(&j);
         if (st == SB_OK)
-            st = sb_batch_job_get(b->store, j.id, &j, &err);
+            st = sb_batch_job_get(b->store, id, &j, &err);
         r = st == SB_OK ? respond_cjson(srv, conn, q, url, MHD_HTTP_OK, batch_json(&j))
                         : respond_status(srv, conn, q, url, st, &err);
     } else if (j.status == SB_BATCH_CANCELLING || j.status == SB_BATCH_CANCELLED) {

@@ -628,8 +628,13 @@ sb_status sb_srv_load(sb_srv *srv, sb_error *err) {
         srv->exec = NULL;
         return st;
     }
+    /* Before ready, so that /v1/batches answers as soon as /health does; the
+     * batches left running continue (their requests wait out the 503s of
+     * the moment until ready). */
+    if ((st = sb__srv_batches_open(srv, err)) != SB_OK)
+        return st;
     atomic_store(&srv->ready, true);
-    return sb__srv_batches_open(srv, err); /* after ready: the batches left running continue */
+    return SB_OK;
 }
 
 sb_status sb_srv_reload(sb_srv *srv, sb_error *err) {
