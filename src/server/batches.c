@@ -286,7 +286,7 @@ static enum MHD_Result on_part(void *cls, enum MHD_ValueKind kind, const char *k
     }
     if (!key || strcmp(key, "file") != 0)
         return MHD_YES; /* other fields are ignored, as OpenAI does */
-    if (off == 0 && u->fd < 0) {
+    if (off == 0 && (u->fd < 0 || u->bytes > 0)) { /* a file part begins */
         if (++u->files > 1) {
             snprintf(u->why, sizeof u->why, "the upload has more than one file part; send one");
             return MHD_YES;

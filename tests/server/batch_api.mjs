@@ -91,6 +91,13 @@ test('bad uploads get clear errors', async () => {
   const raw = await fetch(`${srv.url}/v1/files`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
   assert.equal(raw.status, 400);
   assert.match((await raw.json()).error.message, /multipart\/form-data/);
+  const two = new FormData();
+  two.append('purpose', 'batch');
+  two.append('file', new Blob([jsonl(1)]), 'a.jsonl');
+  two.append('file', new Blob([jsonl(1)]), 'b.jsonl');
+  const r2 = await fetch(`${srv.url}/v1/files`, { method: 'POST', body: two });
+  assert.equal(r2.status, 400);
+  assert.match((await r2.json()).error.message, /more than one file/);
   // Nothing of those became a file, and no temporary file stayed behind.
   const names = fs.readdirSync(path.join(state, 'files'));
   assert.ok(!names.some((n) => n.endsWith('.tmp')), names.join(' '));
