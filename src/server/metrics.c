@@ -20,6 +20,8 @@ static const char *const endpoint_names[SB_SRV_EP_COUNT] = {
     [SB_SRV_EP_ADMIN] = "/admin",
     [SB_SRV_EP_USAGE] = "/v1/usage",
     [SB_SRV_EP_FEEDBACK] = "/v1/feedback",
+    [SB_SRV_EP_FILES] = "/v1/files",
+    [SB_SRV_EP_BATCHES] = "/v1/batches",
     [SB_SRV_EP_OTHER] = "other",
 };
 
