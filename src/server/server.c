@@ -383,6 +383,11 @@ static upload_fn route_upload(const route *r) {
     return NULL;
 }
 
+/* HEAD on a GET route answers as GET; libmicrohttpd leaves the body out. */
+static bool method_matches(const route *r, const char *method) {
+    return strcmp(method, r->method) == 0 || (strcmp(method, "HEAD") == 0 && strcmp(r->method, "GET") == 0);
+}
+
 /* The route of url for method; a path served under other methods only gives
  * its first route (then 405). */
 static const route *find_route(const char *url, const char *method) {
@@ -391,7 +396,7 @@ static const route *find_route(const char *url, const char *method) {
         size_t n = strlen(routes[i].path);
         if (routes[i].path[n - 1] == '/' ? strncmp(url, routes[i].path, n) == 0 && url[n]
                                          : strcmp(url, routes[i].path) == 0) {
-            if (strcmp(method, routes[i].method) == 0 || (strcmp(method, "HEAD") == 0 && strcmp(routes[i].method, "GET") == 0))
+            if (method_matches(&routes[i], method))
                 return &routes[i];
             if (!any)
                 any = &routes[i];
@@ -433,9 +438,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         q->t_start = now_s();
         q->route = find_route(url, method);
         q->ep = q->route ? q->route->ep : SB_SRV_EP_OTHER;
-        /* HEAD on a GET route answers as GET; libmicrohttpd leaves the body out. */
-        q->method_ok = q->route && (strcmp(method, q->route->method) == 0 ||
-                                    (strcmp(method, "HEAD") == 0 && strcmp(q->route->method, "GET") == 0));
+        q->method_ok = q->route && method_matches(q->route, method);
         /* The door checks a connection's first head; this, those after it on a kept-alive one. */
         const char *lens[2] = {NULL, NULL};
         MHD_get_connection_values(conn, MHD_HEADER_KIND, find_lengths, lens);

@@ -2,7 +2,8 @@
 // `switchboard serve --state-dir`: a real multipart upload, the file's
 // object and content, bad uploads (wrong purpose, not JSONL, too large),
 // a batch to completion with its output and error files, listing with a
-// cursor, cancelling, deleting, and a server SIGKILLed in the middle of a
+// cursor, cancelling, deleting, an interactive request answered while a
+// batch runs, and a server SIGKILLed in the middle of a
 // batch and started again on the same state directory: the batch
 // completes and its output has each custom_id once.
 import { test, after, before } from 'node:test';
@@ -179,6 +180,11 @@ test('a server killed mid-batch continues it after a restart', async () => {
   }
   assert.equal(seen.status, 'in_progress', 'killed while it runs');
   assert.ok(seen.request_counts.completed < n);
+  // An interactive request goes ahead of the batch's (the batch tier is below it): it is answered while the batch runs.
+  const chat = await client.completions.create({ model: 'm', prompt: 'Hello', max_tokens: 8, temperature: 0 });
+  assert.equal(chat.usage.completion_tokens, 8);
+  const during = await client.batches.retrieve(b.id);
+  assert.equal(during.status, 'in_progress', JSON.stringify(during.request_counts));
   srv.proc.kill('SIGKILL');
   await new Promise((r) => srv.proc.once('exit', r));
   srv = await startServer(serverArgs, { model });
