@@ -36,6 +36,7 @@ sb_video_params sb_video_default_params(void) {
         .captioner_prompt = "Describe this video frame in one sentence.",
         .captioner_timeout_s = 60,
         .captioner_retries = 3,
+        .caption_parallel = 1,
         .scene_threshold = 0.3,
         .min_gap_s = 1.0,
         .max_keyframes = 16,
@@ -240,6 +241,37 @@ static void *extract_stage(void *arg) {
     return NULL;
 }
 
+/* Captions keyframe k unless recorded, and records the caption or its error. */
+static void caption_one(job *j, sb_video_item *v, int32_t k) {
+    sb_video_kf *f = &v->kf[k];
+    if (f->caption)
+        return;
+    sb_error e;
+    sb_free(f->error);
+    f->error = NULL;
+    if (sb__video_caption(j->captioner, f->file, &f->caption, &e) != SB_OK) {
+        f->error = sb_strndup(e.msg, strlen(e.msg));
+        count(j, &j->r.caption_errors, 1);
+    }
+    count(j, &j->r.keyframes, 1);
+    if (sb__video_store_caption(&j->store, v, k, &e) != SB_OK)
+        job_fail(j, &e);
+}
+
+/* --caption-parallel workers share one video's keyframes. */
+typedef struct caption_work {
+    job *j;
+    sb_video_item *v;
+    atomic_int next;
+} caption_work;
+
+static void *caption_worker(void *arg) {
+    caption_work *w = arg;
+    for (int k; (k = atomic_fetch_add(&w->next, 1)) < w->v->n_kf && !atomic_load(&w->j->abort);)
+        caption_one(w->j, w->v, k);
+    return NULL;
+}
+
 static void *caption_stage(void *arg) {
     job *j = arg;
     sb_video_item *v;
@@ -249,27 +281,21 @@ static void *caption_stage(void *arg) {
             continue;
         }
         double t = now_s();
-        bool worked = false;
-        for (int32_t k = 0; v->state == SB_VIDEO_EXTRACTED && k < v->n_kf; k++) {
-            sb_video_kf *f = &v->kf[k];
-            if (f->caption)
-                continue;
-            worked = true;
-            sb_error e;
-            sb_free(f->error);
-            f->error = NULL;
-            if (sb__video_caption(j->captioner, f->file, &f->caption, &e) != SB_OK) {
-                f->error = sb_strndup(e.msg, strlen(e.msg));
-                count(j, &j->r.caption_errors, 1);
-            }
-            count(j, &j->r.keyframes, 1);
-            if (sb__video_store_caption(&j->store, v, k, &e) != SB_OK) {
-                job_fail(j, &e);
-                break;
-            }
-        }
-        if (worked)
+        int32_t todo = 0;
+        for (int32_t k = 0; v->state == SB_VIDEO_EXTRACTED && k < v->n_kf; k++)
+            todo += v->kf[k].caption == NULL;
+        if (todo > 0) {
+            caption_work w = {.j = j, .v = v};
+            atomic_init(&w.next, 0);
+            pthread_t th[64];
+            int32_t extra = 0, want = SB_MIN(SB_MIN(j->p->caption_parallel, todo), (int32_t)SB_ARRAY_LEN(th)) - 1;
+            while (extra < want && pthread_create(&th[extra], NULL, caption_worker, &w) == 0)
+                extra++;
+            caption_worker(&w);
+            for (int32_t i = 0; i < extra; i++)
+                pthread_join(th[i], NULL);
             count(j, &j->r.captioned, 1);
+        }
         stage_passed(j, CAPTION, now_s() - t);
         queue_push(&j->q[1], v);
     }

@@ -63,6 +63,7 @@ typedef struct sb_video_params {
     const char *captioner_prompt; /* what the captioner is asked (HTTP) */
     double captioner_timeout_s;  /* per keyframe (command) or per attempt (HTTP) */
     int32_t captioner_retries;   /* HTTP 429/5xx and transport errors: attempts after the first */
+    int32_t caption_parallel;    /* keyframes of a video captioned at once (at most 64) */
     double scene_threshold;   /* ffmpeg's scene score above which a frame is a scene change (0..1) */
     double min_gap_s;         /* keyframes at least this far apart */
     int32_t max_keyframes;    /* per video; the strongest changes are kept */
