@@ -2,7 +2,10 @@
 // a real `switchboard serve`:
 //   load:      a model loaded from the page cache to its first token (a
 //              one-token completion on an unloaded model), then the same
-//              after an unload (the eviction-then-reload cycle), -r times;
+//              after an unload, -r times;
+//   evict:     two names for the big model under a budget that holds one:
+//              each request evicts the other and loads its own (the
+//              eviction-then-reload cycle), -r times each;
 //   alternate: sequential one-token requests to one model vs alternating
 //              between two loaded models: the added cost per request.
 // Usage: node bench/registry.mjs --model BIG.gguf [--small SMALL.gguf] [-r 5] [-n 200] [-t 2]
@@ -31,25 +34,34 @@ const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sb-bench-registry-'));
 const reg = path.join(dir, 'models.json');
 fs.writeFileSync(reg, JSON.stringify({ models: [
   { name: 'big', path: path.resolve(big), device: 'cpu', context: 512 },
+  { name: 'big2', path: path.resolve(big), device: 'cpu', context: 512 },
   { name: 'a', path: path.resolve(small), device: 'cpu' },
   { name: 'b', path: path.resolve(small), device: 'cpu' },
 ] }));
-const proc = spawn(BIN, ['serve', '--models', reg, '--port', '0', '--quiet', '-t', threads, '--no-watch'], { stdio: ['ignore', 'ignore', 'pipe'] });
-let log = '';
-const url = await new Promise((resolve, reject) => {
-  proc.stderr.on('data', (d) => {
-    log += d;
-    const m = /listening on (http:\/\/[^\s]+)/.exec(log);
-    if (m) resolve(m[1]);
+// Room for one big model and the small ones, not for two big ones.
+const budget = `${Math.ceil((fs.statSync(big).size * 1.5) / 2 ** 20)}M`;
+const serve = async (extra) => {
+  const proc = spawn(BIN, ['serve', '--models', reg, '--port', '0', '--quiet', '-t', threads, '--no-watch', ...extra],
+    { stdio: ['ignore', 'ignore', 'pipe'] });
+  let log = '';
+  const url = await new Promise((resolve, reject) => {
+    proc.stderr.on('data', (d) => {
+      log += d;
+      const m = /listening on (http:\/\/[^\s]+)/.exec(log);
+      if (m) resolve(m[1]);
+    });
+    proc.on('exit', () => reject(new Error(log)));
   });
-  proc.on('exit', () => reject(new Error(log)));
-});
-for (;;) {
-  try {
-    if ((await fetch(`${url}/health`)).ok) break;
-  } catch {}
-  await new Promise((r) => setTimeout(r, 20));
-}
+  for (;;) {
+    try {
+      if ((await fetch(`${url}/health`)).ok) break;
+    } catch {}
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return { proc, url };
+};
+const procs = [];
+let url = null;
 
 const post = async (p, body) => {
   const r = await fetch(`${url}${p}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
@@ -66,7 +78,18 @@ const time = async (f) => {
 };
 
 try {
-  const first = await time(() => oneToken('big')); // the file was just read by nobody: maybe from disk
+  const evicting = await serve(['--memory-budget', budget]);
+  procs.push(evicting.proc);
+  url = evicting.url;
+  const evict = [];
+  await oneToken('big');
+  for (let r = 0; r < 2 * reps; r++) evict.push(await time(() => oneToken(r % 2 ? 'big' : 'big2')));
+  evicting.proc.kill('SIGTERM');
+
+  const plain = await serve([]);
+  procs.push(plain.proc);
+  url = plain.url;
+  const first = await time(() => oneToken('big'));
   const reload = [], warm = [];
   for (let r = 0; r < reps; r++) {
     await post('/admin/models/big/unload', {}); // what an eviction does
@@ -88,6 +111,8 @@ try {
     threads: Number(threads),
     first_load_to_first_token_ms: first,
     reload_to_first_token_ms_median: median(reload),
+    evict_then_reload_to_first_token_ms_median: median(evict),
+    budget,
     loaded_request_ms_median: median(warm),
     one_model_request_ms: median(same),
     alternating_request_ms: median(alt),
@@ -96,6 +121,6 @@ try {
   };
   console.log(JSON.stringify(out, null, 2));
 } finally {
-  proc.kill('SIGTERM');
+  for (const p of procs) p.kill('SIGTERM');
   fs.rmSync(dir, { recursive: true, force: true });
 }

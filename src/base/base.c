@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 const char *sb_status_str(sb_status status) {
     switch (status) {
@@ -148,4 +149,10 @@ void sb__check_failed(const char *file, int line, const char *cond) {
     if (abort_fn)
         abort_fn(msg);
     abort();
+}
+
+void sb__advise_inside(const void *p, size_t size, uintptr_t unit, int advice) {
+    const uintptr_t lo = sb_align_up((uintptr_t)p, unit), hi = sb_align_down((uintptr_t)p + size, unit);
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, advice);
 }

@@ -28,6 +28,10 @@
 /* Records status and a printf-style message in err (if not NULL); returns status. */
 sb_status sb_fail(sb_error *err, sb_status status, const char *fmt, ...) SB_PRINTF(3, 4);
 
+struct cJSON;
+/* A JSON value's type as messages name it: "a string", "an array", "null" (NULL too). */
+const char *sb__json_kind(const struct cJSON *v);
+
 /* Allocation through the process-wide hook; NULL on failure (never aborts). */
 void *sb_malloc(size_t size);
 void *sb_calloc(size_t count, size_t size); /* NULL also if count*size overflows */
@@ -68,6 +72,10 @@ static inline bool sb_add_overflows(uint64_t a, uint64_t b, uint64_t *out) {
 /* x rounded down / up to a multiple of a, a power of two. */
 static inline uintptr_t sb_align_down(uintptr_t x, uintptr_t a) { return x & ~(a - 1); }
 static inline uintptr_t sb_align_up(uintptr_t x, uintptr_t a) { return sb_align_down(x + a - 1, a); }
+
+/* madvise() over the whole `unit`s inside [p, p + size), if any: the pages
+ * that belong to that range alone. */
+void sb__advise_inside(const void *p, size_t size, uintptr_t unit, int advice);
 #define SB_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SB_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -4,6 +4,7 @@
 #include "gateway/db.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 

@@ -68,6 +68,7 @@ typedef struct sb_gguf_tensor {
     uint64_t nbytes;
     const void *data;     /* inside the mapping */
     uint64_t info_offset; /* file offset of the tensor's header entry */
+    bool dropped;         /* its bytes were consumed elsewhere (sb_gguf_drop): never read again */
 } sb_gguf_tensor;
 
 /* Names to entries (see gguf_read.c): slot = entry index + 1, 0 empty. */
@@ -87,14 +88,31 @@ typedef struct sb_gguf {
     const uint8_t *base;  /* the mapping (or caller buffer) */
     uint64_t size;
     bool mapped; /* base came from mmap (the file's, or a private copy's) and is unmapped on close */
+    int fd;      /* a private image whose tensor data is not read yet (until sb_gguf_fill); else -1 */
     sb_gguf_index kv_index, tensor_index;
 } sb_gguf;
 
 /* Maps and parses `path`. On failure *out is NULL and err names the problem. */
 sb_status sb_gguf_open(const char *path, sb_gguf **out, sb_error *err);
-/* Reads `path` into private memory and parses it: the result never reads the
- * file again, so the file may be replaced or rewritten while it is in use. */
+/* Opens `path` as a private image: once sb_gguf_fill has run, the result
+ * never reads the file again, so the file may be replaced, rewritten or
+ * truncated while it is in use. Only the header is read now; tensor data is
+ * read by sb_gguf_bytes (into the caller's buffer: weights that are repacked
+ * elsewhere never occupy the image) and by sb_gguf_fill (the rest, into the
+ * image). Until sb_gguf_fill, tensor data must be reached through those two. */
 sb_status sb_gguf_open_private(const char *path, sb_gguf **out, sb_error *err);
+/* The `len` bytes of tensor data at `data` (a tensor's data pointer, or
+ * inside one): `data` itself when they are in memory, else read from the
+ * file into `buf` (len bytes), which is returned. NULL with err set when the
+ * file no longer holds them (it shrank or failed while being read). */
+const void *sb_gguf_bytes(const sb_gguf *gguf, const void *data, size_t len, void *buf, sb_error *err);
+/* Says that the tensors inside [data, data+len) were copied elsewhere and
+ * are not read again: a mapping's pages are released, a private image never
+ * reads them. */
+void sb_gguf_drop(sb_gguf *gguf, const void *data, size_t len);
+/* A private image: reads every tensor not dropped into the image and closes
+ * the file. A no-op for other opens. */
+sb_status sb_gguf_fill(sb_gguf *gguf, sb_error *err);
 /* Bytes of an opened file's image that are in memory now (0 for a caller's buffer). */
 size_t sb_gguf_resident_bytes(const sb_gguf *gguf);
 /* Parses a file image held by the caller, who keeps it alive until close. */

@@ -340,7 +340,7 @@ static const void *index_find(const sb_gguf_index *ix, const void *items, size_t
 
 sb_status sb_gguf_open_memory(const void *data, uint64_t size, sb_gguf **out, sb_error *err) {
     *out = NULL;
-    sb_gguf probe = {.base = data, .size = size};
+    sb_gguf probe = {.base = data, .size = size, .fd = -1};
     sb_status st = parse(&probe, err, false);
     if (st == SB_OK)
         st = parse(&probe, err, false); /* now with data_offset: tensor bounds */
@@ -370,29 +370,54 @@ sb_status sb_gguf_open_memory(const void *data, uint64_t size, sb_gguf **out, sb
     return SB_OK;
 }
 
-/* The file's bytes in memory: its read-only mapping, or (private_copy) an
- * anonymous mapping read from it, which nothing done to the file afterwards
- * can change. MAP_FAILED with errno on failure. */
-static void *map_file(int fd, uint64_t size, bool private_copy) {
-    if (!private_copy)
-        return mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    uint8_t *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED)
-        return MAP_FAILED;
-    for (uint64_t done = 0; done < size;) {
-        ssize_t n = pread(fd, mem + done, (size_t)SB_MIN(size - done, (uint64_t)1 << 30), (off_t)done);
+/* Reads len bytes at offset off of fd; a short read means the file shrank
+ * under us (it was truncated or rewritten while being read). */
+static sb_status read_at(int fd, void *dst, uint64_t len, uint64_t off, sb_error *err) {
+    for (uint64_t done = 0; done < len;) {
+        ssize_t n = pread(fd, (uint8_t *)dst + done, (size_t)SB_MIN(len - done, (uint64_t)1 << 30), (off_t)(off + done));
         if (n < 0 && errno == EINTR)
             continue;
-        if (n <= 0) {
-            int e = n == 0 ? EIO : errno; /* n == 0: the file shrank while we read it */
-            munmap(mem, size);
-            errno = e;
-            return MAP_FAILED;
-        }
+        if (n <= 0)
+            return sb_fail(err, SB_ERR_IO, "cannot read %llu bytes at offset %llu: %s", (unsigned long long)len,
+                           (unsigned long long)off, n == 0 ? "the file shrank while it was read" : strerror(errno));
         done += (uint64_t)n;
     }
-    mprotect(mem, size, PROT_READ);
-    return mem;
+    return SB_OK;
+}
+
+/* A private image's header: read into the front of `image` until the parse
+ * of what was read finds the data section inside it. The header's length is
+ * only known once it is parsed, so the read doubles from 4 MiB; a parse that
+ * fails on the whole file is the file's real error. */
+static sb_status read_header(int fd, uint8_t *image, uint64_t size, sb_error *err) {
+    uint64_t have = 0;
+    for (uint64_t want = SB_MIN(size, (uint64_t)4 << 20);; want = SB_MIN(size, want * 2)) {
+        sb_status st = read_at(fd, image + have, want - have, have, err);
+        if (st != SB_OK)
+            return st;
+        have = want;
+        sb_gguf probe = {.base = image, .size = have, .fd = -1};
+        st = parse(&probe, err, false);
+        if ((st == SB_OK && probe.data_offset <= have) || have == size)
+            return st;
+    }
+}
+
+static sb_status open_fd(const char *path, int fd, uint64_t size, bool private_copy, sb_gguf **out, sb_error *err) {
+    void *map = private_copy ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                             : mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED)
+        return sb_fail(err, SB_ERR_IO, "%s: cannot map %llu bytes: %s", path, (unsigned long long)size, strerror(errno));
+    sb_status st = private_copy ? read_header(fd, map, size, err) : SB_OK;
+    if (st == SB_OK)
+        st = sb_gguf_open_memory(map, size, out, err);
+    if (st != SB_OK) {
+        munmap(map, size);
+        return st;
+    }
+    (*out)->mapped = true;
+    (*out)->fd = private_copy ? fd : -1;
+    return SB_OK;
 }
 
 static sb_status open_file(const char *path, bool private_copy, sb_gguf **out, sb_error *err) {
@@ -401,38 +426,65 @@ static sb_status open_file(const char *path, bool private_copy, sb_gguf **out, s
     if (fd < 0)
         return sb_fail(err, SB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat stt;
-    if (fstat(fd, &stt) != 0 || !S_ISREG(stt.st_mode)) {
+    sb_status st = SB_OK;
+    if (fstat(fd, &stt) != 0 || !S_ISREG(stt.st_mode))
+        st = sb_fail(err, SB_ERR_IO, "%s: not a regular file%s", path, S_ISDIR(stt.st_mode) ? " (it is a directory)" : "");
+    else if (stt.st_size == 0)
+        st = sb_fail(err, SB_ERR_FORMAT, "%s: empty file, not a GGUF model", path);
+    else
+        st = open_fd(path, fd, (uint64_t)stt.st_size, private_copy, out, err);
+    if (st != SB_OK || !private_copy)
         close(fd);
-        return sb_fail(err, SB_ERR_IO, "%s: not a regular file%s", path, S_ISDIR(stt.st_mode) ? " (it is a directory)" : "");
+    if (st != SB_OK && err && !strstr(err->msg, path)) {
+        char inner[sizeof(err->msg)];
+        memcpy(inner, err->msg, sizeof(inner));
+        sb_fail(err, st, "%s: %s", path, inner);
     }
-    uint64_t size = (uint64_t)stt.st_size;
-    if (size == 0) {
-        close(fd);
-        return sb_fail(err, SB_ERR_FORMAT, "%s: empty file, not a GGUF model", path);
-    }
-    void *map = map_file(fd, size, private_copy);
-    close(fd);
-    if (map == MAP_FAILED)
-        return sb_fail(err, SB_ERR_IO, "%s: cannot %s %llu bytes: %s", path, private_copy ? "read" : "map",
-                       (unsigned long long)size, strerror(errno));
-    sb_status st = sb_gguf_open_memory(map, size, out, err);
-    if (st != SB_OK) {
-        munmap(map, size);
-        if (err) {
-            char inner[sizeof(err->msg)];
-            memcpy(inner, err->msg, sizeof(inner));
-            sb_fail(err, st, "%s: %s", path, inner);
-        }
-        return st;
-    }
-    (*out)->mapped = true;
-    return SB_OK;
+    return st;
 }
 
 sb_status sb_gguf_open(const char *path, sb_gguf **out, sb_error *err) { return open_file(path, false, out, err); }
 
 sb_status sb_gguf_open_private(const char *path, sb_gguf **out, sb_error *err) {
     return open_file(path, true, out, err);
+}
+
+/* ---- tensor data of a private image ----------------------------------------- */
+
+const void *sb_gguf_bytes(const sb_gguf *g, const void *data, size_t len, void *buf, sb_error *err) {
+    if (g->fd < 0)
+        return data;
+    uint64_t off = (uint64_t)((const uint8_t *)data - g->base);
+    return read_at(g->fd, buf, len, off, err) == SB_OK ? buf : NULL;
+}
+
+void sb_gguf_drop(sb_gguf *g, const void *data, size_t len) {
+    const uint8_t *lo = data, *hi = lo + len;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        sb_gguf_tensor *t = &g->tensors[i];
+        const uint8_t *p = t->data;
+        if (p >= lo && p + t->nbytes <= hi)
+            t->dropped = true;
+    }
+    /* A mapping's copy leaves memory; a caller's buffer is not ours to zero. */
+    if (g->mapped)
+        sb__advise_inside(data, len, (uintptr_t)sysconf(_SC_PAGESIZE), MADV_DONTNEED);
+}
+
+sb_status sb_gguf_fill(sb_gguf *g, sb_error *err) {
+    if (g->fd < 0)
+        return SB_OK;
+    sb_status st = SB_OK;
+    for (uint64_t i = 0; i < g->n_tensors && st == SB_OK; i++) {
+        const sb_gguf_tensor *t = &g->tensors[i];
+        if (!t->dropped && t->nbytes > 0)
+            st = read_at(g->fd, (void *)t->data, t->nbytes, (uint64_t)((const uint8_t *)t->data - g->base), err);
+    }
+    close(g->fd);
+    g->fd = -1;
+    if (st == SB_OK)
+        mprotect((void *)g->base, g->size, PROT_READ);
+    return st;
 }
 
 size_t sb_gguf_resident_bytes(const sb_gguf *g) {
@@ -455,6 +507,8 @@ void sb_gguf_close(sb_gguf *g) {
         return;
     if (g->mapped)
         munmap((void *)g->base, g->size);
+    if (g->fd >= 0)
+        close(g->fd);
     sb_free(g->kv);
     sb_free(g->tensors);
     sb_free(g->kv_index.slots);

@@ -4,6 +4,7 @@
  * model and tokenizer entry points of switchboard.h, which forward to the
  * tokenizer module.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -32,20 +33,124 @@ static size_t packable(sb_model *m, sb_weight **out) {
     return n;
 }
 
-void sb__advise_inside(const void *p, size_t size, uintptr_t unit, int advice) {
-    const uintptr_t lo = sb_align_up((uintptr_t)p, unit), hi = sb_align_down((uintptr_t)p + size, unit);
-    if (hi > lo)
-        madvise((void *)lo, hi - lo, advice);
-}
-
 static size_t weight_size(const sb_weight *w) { return sb_type_row_size(w->type, w->n_in) * (size_t)w->n_out; }
 
-/* The file's copy of a weight that now lives elsewhere is not read again:
- * its whole pages leave memory (only from the reader's own mapping of the
- * file or its private copy: a caller's buffer is not ours to zero). */
-static void drop_file_copy(const sb_model *m, const sb_weight *w) {
-    if (m->gguf->mapped)
-        sb__advise_inside(w->data, weight_size(w), (uintptr_t)sysconf(_SC_PAGESIZE), MADV_DONTNEED);
+/* The largest weight in list: a private image reads each repacked weight
+ * through one buffer of that size instead of holding the whole file (see
+ * sb_gguf_open_private). */
+static size_t largest(sb_weight *const *list, size_t n) {
+    size_t max = 0;
+    for (size_t i = 0; i < n; i++)
+        max = SB_MAX(max, weight_size(list[i]));
+    return max;
+}
+
+/* One thread's share of the packing: weights [begin, end) of list, each
+ * into its place dst[i] in m->packed. */
+typedef struct pack_part {
+    sb_model *m;
+    sb_weight **list;
+    uint8_t *const *dst;
+    size_t begin, end;
+    sb_status st;
+    sb_error err;
+} pack_part;
+
+/* Packs a part, and tells the file's image it will not read those weights
+ * again. A private image's weights are read through one buffer per part. */
+static void *pack_part_run(void *arg) {
+    pack_part *p = arg;
+    if (p->begin == p->end)
+        return NULL;
+    void *staging = NULL;
+    const size_t buf = largest(p->list + p->begin, p->end - p->begin);
+    if (p->m->gguf->fd >= 0 && !(staging = sb_malloc(buf))) {
+        p->st = sb_fail(&p->err, SB_ERR_NOMEM, "out of memory for a %zu-byte read buffer", buf);
+        return NULL;
+    }
+    for (size_t i = p->begin; i < p->end; i++) {
+        sb_weight *w = p->list[i];
+        const void *src = sb_gguf_bytes(p->m->gguf, w->data, weight_size(w), staging, &p->err);
+        if (!src) {
+            p->st = SB_ERR_IO;
+            break;
+        }
+        sb_weight_pack(w->type, src, p->dst[i], w->n_in, w->n_out);
+        sb_gguf_drop(p->m->gguf, w->data, weight_size(w));
+        w->data = p->dst[i];
+        w->packed = true;
+    }
+    sb_free(staging);
+    return NULL;
+}
+
+/* Most threads a load packs with: reading from the page cache and packing
+ * is the whole of a warm load, and it scales until memory bandwidth. */
+#define SB_PACK_THREADS 4
+
+/* Packs list's weights into their places dst[] on up to SB_PACK_THREADS
+ * threads (no more than the machine's cores), in parts of about equal bytes. */
+static sb_status pack_all(sb_model *m, sb_weight **list, size_t n, uint8_t *const *dst, size_t bytes,
+                          sb_error *err) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t n_parts = (size_t)SB_MAX(1, SB_MIN((long)SB_PACK_THREADS, cores));
+    n_parts = SB_MAX((size_t)1, SB_MIN(n_parts, n));
+    pack_part parts[SB_PACK_THREADS];
+    pthread_t threads[SB_PACK_THREADS];
+    bool started[SB_PACK_THREADS] = {false};
+    size_t i = 0, acc = 0;
+    for (size_t k = 0; k < n_parts; k++) {
+        parts[k] = (pack_part){.m = m, .list = list, .dst = dst, .begin = i, .st = SB_OK};
+        const size_t until = bytes / n_parts * (k + 1);
+        while (i < n && (k == n_parts - 1 || acc < until))
+            acc += weight_size(list[i++]);
+        parts[k].end = i;
+    }
+    for (size_t k = 1; k < n_parts; k++)
+        started[k] = pthread_create(&threads[k], NULL, pack_part_run, &parts[k]) == 0;
+    pack_part_run(&parts[0]);
+    for (size_t k = 1; k < n_parts; k++) {
+        if (started[k])
+            pthread_join(threads[k], NULL);
+        else
+            pack_part_run(&parts[k]); /* no thread to be had: here, then */
+    }
+    for (size_t k = 0; k < n_parts; k++)
+        if (parts[k].st != SB_OK) {
+            if (err)
+                *err = parts[k].err;
+            return parts[k].st;
+        }
+    return SB_OK;
+}
+
+/* Copies the weights in list (packed for the kernels) and then the
+ * embedding table into m->packed from dst on, each 64-byte aligned. */
+static sb_status copy_weights(sb_model *m, sb_weight **list, size_t n, sb_weight *embd, uint8_t *dst,
+                              sb_error *err) {
+    uint8_t **places = sb_calloc(n + 1, sizeof *places);
+    if (!places)
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        places[i] = dst;
+        dst += sb_align_up(weight_size(list[i]), 64);
+        bytes += weight_size(list[i]);
+    }
+    sb_status st = n > 0 ? pack_all(m, list, n, places, bytes, err) : SB_OK;
+    sb_free(places);
+    if (st != SB_OK || !embd)
+        return st;
+    const void *src = sb_gguf_bytes(m->gguf, embd->data, weight_size(embd), dst, err);
+    if (!src)
+        return SB_ERR_IO;
+    if (src != dst)
+        memcpy(dst, src, weight_size(embd));
+    sb_gguf_drop(m->gguf, embd->data, weight_size(embd));
+    if (m->output.data == embd->data) /* tied: the output matrix is the same table */
+        m->output.data = dst;
+    embd->data = dst;
+    return SB_OK;
 }
 
 sb_status sb_model_pack(sb_model *m, sb_error *err) {
@@ -62,7 +167,13 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
     for (size_t i = 0; i < n; i++) /* each copy 64-byte aligned, for the kernels' vector loads */
         total += sb_align_up(weight_size(list[i]), 64);
     m->packed_bytes = total > 0 ? total + 63 : 0;
-    if (total > 0 && !(m->packed = sb_malloc(total + 63))) {
+    if (m->reuse && total > 0) { /* resized in place where the allocator can (glibc: mremap) */
+        if ((m->packed = sb_realloc(m->reuse, total + 63)))
+            m->reuse = NULL;
+    } else if (total > 0) {
+        m->packed = sb_malloc(total + 63);
+    }
+    if (total > 0 && !m->packed) {
         sb_free(list);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for %zu bytes of packed weights and the embedding table", total);
     }
@@ -70,23 +181,10 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
     /* Huge pages where the system gives them on request: the kernels stream
      * the whole copy every token, and 4 KiB pages cost a TLB miss each. */
     sb__advise_inside(dst, total, (uintptr_t)2 << 20, MADV_HUGEPAGE);
-    for (size_t i = 0; i < n; i++) {
-        sb_weight *w = list[i];
-        sb_weight_pack(w->type, w->data, dst, w->n_in, w->n_out);
-        drop_file_copy(m, w);
-        w->data = dst;
-        w->packed = true;
-        dst += sb_align_up(weight_size(w), 64);
-    }
-    if (embd) {
-        memcpy(dst, embd->data, weight_size(embd));
-        drop_file_copy(m, embd);
-        if (m->output.data == embd->data) /* tied: the output matrix is the same table */
-            m->output.data = dst;
-        embd->data = dst;
-    }
+    sb_status st = copy_weights(m, list, n, embd, dst, err);
     sb_free(list);
-    return SB_OK;
+    /* What was not copied (norms, unpacked matrices) is read into a private image now. */
+    return st == SB_OK ? sb_gguf_fill(m->gguf, err) : st;
 }
 
 /* ---- loading ------------------------------------------------------------------ */
@@ -111,11 +209,19 @@ sb_status sb_model_load(const char *path, sb_model_t **out, sb_error *err) {
 }
 
 sb_status sb_model_load_with(const char *path, const sb_model_params *params, sb_model_t **out, sb_error *err) {
+    return sb__model_load_reusing(path, params, NULL, out, err);
+}
+
+sb_status sb__model_load_reusing(const char *path, const sb_model_params *params, void *region, sb_model **out,
+                                 sb_error *err) {
     *out = NULL;
     sb_model_params p = params ? *params : sb_model_default_params();
     sb_model *m = sb_calloc(1, sizeof(*m));
-    if (!m)
+    if (!m) {
+        sb_free(region);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory");
+    }
+    m->reuse = region;
     sb_status st = p.private_copy ? sb_gguf_open_private(path, &m->gguf, err) : sb_gguf_open(path, &m->gguf, err);
     if (st == SB_OK)
         st = load_parsed(m, err);
@@ -129,8 +235,17 @@ sb_status sb_model_load_with(const char *path, const sb_model_params *params, sb
         sb_model_free(m);
         return st;
     }
+    sb_free(m->reuse); /* nothing to pack: not needed */
+    m->reuse = NULL;
     *out = m;
     return SB_OK;
+}
+
+void *sb__model_take_packed(sb_model *m) {
+    void *p = m->packed;
+    m->packed = NULL;
+    m->packed_bytes = 0;
+    return p;
 }
 
 sb_status sb__model_load_memory(const void *data, uint64_t size, sb_model **out, sb_error *err) {
@@ -155,6 +270,7 @@ void sb_model_free(sb_model_t *m) {
     sb_vocab_free(m->vocab);
     sb_free(m->layers);
     sb_free(m->packed);
+    sb_free(m->reuse);
     sb_gguf_close(m->gguf);
     sb_free(m);
 }

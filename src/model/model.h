@@ -105,6 +105,7 @@ struct sb_model {
     sb_layer *layers;      /* n_layer */
     void *packed;          /* the packed matrices and the embedding table's copy (one allocation) */
     size_t packed_bytes;   /* its size */
+    void *reuse;           /* while loading: an earlier model's packed allocation to pack into (owned) */
 };
 
 /* Architecture table (arch.c). */
@@ -130,6 +131,15 @@ sb_status sb_model_pack(sb_model *m, sb_error *err);
 /* sb_model_load from a file image the caller keeps alive until the model is
  * freed (the fuzzers' entry; tensors point into it). */
 sb_status sb__model_load_memory(const void *data, uint64_t size, sb_model **out, sb_error *err);
+/* sb_model_load_with, packing into `region` (an allocation sb__model_take_packed
+ * gave; ownership passes in, freed on failure; NULL: a fresh one). Its pages
+ * are in memory already, and faulting in and zeroing fresh pages is most of
+ * what a load costs once the file is in the page cache. */
+sb_status sb__model_load_reusing(const char *path, const sb_model_params *params, void *region, sb_model **out,
+                                 sb_error *err);
+/* Takes the packed allocation out of m (which must then only be freed);
+ * the caller owns it (sb_free, or pass it to sb__model_load_reusing). */
+void *sb__model_take_packed(sb_model *m);
 
 /* ---- paged KV storage ---------------------------------------------------- */
 
@@ -152,9 +162,6 @@ typedef struct sb_kv {
 sb_status sb_kv_init(sb_kv *kv, const sb_model *m, int32_t n_blocks, int32_t block_size, sb_cache_type type,
                      sb_error *err);
 void sb_kv_free(sb_kv *kv);
-
-/* madvise() over the whole `unit`s inside [p, p + size), if any (module internal). */
-void sb__advise_inside(const void *p, size_t size, uintptr_t unit, int advice);
 
 static inline size_t sb_kv_offset(const sb_kv *kv, int32_t layer, int32_t block, int32_t head, int32_t slot) {
     return ((((size_t)layer * kv->n_blocks + (size_t)block) * kv->n_head_kv + (size_t)head) * kv->block_size +

@@ -206,20 +206,6 @@ static const char *index_path(char *buf, size_t cap, const char *path, size_t i)
     return pathf(buf, cap, "%s[%zu]", path, i);
 }
 
-static const char *kind_of(const cJSON *v) {
-    if (cJSON_IsString(v))
-        return "a string";
-    if (cJSON_IsNumber(v))
-        return "a number";
-    if (cJSON_IsBool(v))
-        return "a boolean";
-    if (cJSON_IsNull(v))
-        return "null";
-    if (cJSON_IsArray(v))
-        return "an array";
-    return "an object";
-}
-
 static char *dup_str(const char *s) { return s ? sb_strndup(s, strlen(s)) : NULL; }
 
 static const cJSON *member(const cJSON *obj, const char *key) { return cJSON_GetObjectItemCaseSensitive(obj, key); }
@@ -244,7 +230,7 @@ static sb_status check_members(reader *r, const cJSON *obj, const char *path, co
 static sb_status expect_type(reader *r, const cJSON *v, const char *path, int type, const char *what) {
     if ((v->type & 0xFF) == type || (type == cJSON_True && cJSON_IsBool(v)))
         return SB_OK;
-    return fail_at(r, v, path, SB_ERR_FORMAT, "expected %s, got %s", what, kind_of(v));
+    return fail_at(r, v, path, SB_ERR_FORMAT, "expected %s, got %s", what, sb__json_kind(v));
 }
 
 static sb_status get_string(reader *r, const cJSON *v, const char *path, bool nonempty, char **out) {
@@ -751,7 +737,7 @@ static sb_status parse_prompt(reader *r, const cJSON *v, const char *path, sb_re
         for (const cJSON *c = x->child; c; c = c->next) {
             if (!cJSON_IsString(c) && !cJSON_IsNumber(c) && !cJSON_IsBool(c))
                 return fail_at(r, c, vpath, SB_ERR_FORMAT,
-                               "variable '%s': expected a string, number or boolean, got %s", c->string, kind_of(c));
+                               "variable '%s': expected a string, number or boolean, got %s", c->string, sb__json_kind(c));
             if (!sb_prompt_uses(p->template_text, c->string))
                 return fail_at(r, c, vpath, SB_ERR_FORMAT, "variable '%s' is not used by the template", c->string);
             for (const cJSON *q = x->child; q != c; q = q->next)

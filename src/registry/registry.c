@@ -29,6 +29,7 @@
 
 #include "base/base.h"
 #include "gguf/gguf.h"
+#include "model/model.h"
 #include "registry/registry.h"
 
 /* How long the watcher waits after the last change before reloading: an
@@ -99,6 +100,11 @@ struct sb_registry {
     size_t n_entries;
     inst *insts;
     size_t budget, used;
+    /* An evicted model's packed weights, kept (not counted in used) for the
+     * load that evicted it: reused, they spare that load faulting in and
+     * zeroing fresh pages. Lives only while loads_making_room > 0. */
+    void *spare;
+    int32_t loads_making_room;
     sb_reg_totals totals;
     uint64_t rng;
     uint64_t next_version;
@@ -301,15 +307,18 @@ static sb_status read_text_file(const char *path, char **out, size_t *len, sb_er
     return SB_OK;
 }
 
-/* Loads i's model, chat formatter and engine (without the lock). */
-static sb_status inst_build(sb_registry *reg, inst *i, sb_error *err) {
+/* Loads i's model (packing into `region`, owned, when not NULL), chat
+ * formatter and engine (without the lock). */
+static sb_status inst_build(sb_registry *reg, inst *i, void *region, sb_error *err) {
     const sb_regfile_model *cfg = i->cfg;
-    if (strcmp(cfg->device, "cpu") != 0)
+    if (strcmp(cfg->device, "cpu") != 0) {
+        sb_free(region);
         return sb_fail(err, SB_ERR_UNSUPPORTED, "model '%s': device '%s' has no backend (only cpu)", cfg->name,
                        cfg->device);
+    }
     sb_model_params mp = sb_model_default_params();
     mp.private_copy = true; /* see registry.h, "Files" */
-    sb_status st = sb_model_load_with(cfg->path, &mp, &i->model, err);
+    sb_status st = sb__model_load_reusing(cfg->path, &mp, region, &i->model, err);
     if (st == SB_OK && cfg->chat_template) {
         char *text = NULL;
         size_t len = 0;
@@ -375,6 +384,8 @@ static bool reap(sb_registry *reg) {
             return any;
         insts_unlink(reg, dead);
         reg->used -= dead->mem;
+        if (reg->loads_making_room > 0 && !reg->spare)
+            reg->spare = sb__model_take_packed(dead->model);
         snap *s = dead->snap;
         pthread_mutex_unlock(&reg->mu);
         inst_destroy(dead);
@@ -435,6 +446,18 @@ static sb_status make_room(sb_registry *reg, const char *name, size_t need, sb_e
     }
 }
 
+/* Ends a load's claim on reg->spare: the last load making room frees one
+ * nobody took. With mu held, dropped meanwhile. */
+static void drop_spare(sb_registry *reg) {
+    if (--reg->loads_making_room > 0 || !reg->spare)
+        return;
+    void *p = reg->spare;
+    reg->spare = NULL;
+    pthread_mutex_unlock(&reg->mu);
+    sb_free(p);
+    pthread_mutex_lock(&reg->mu);
+}
+
 /* Frees an instance that never served (a failed or abandoned load); with
  * mu held, dropped meanwhile. */
 static void inst_discard(sb_registry *reg, inst *i) {
@@ -472,6 +495,7 @@ static sb_status load_entry(sb_registry *reg, entry *e, sb_error *err) {
     i->est = estimate_cost(reg, i->cfg);
     pthread_mutex_lock(&reg->mu);
 
+    reg->loads_making_room++;
     sb_status st = make_room(reg, i->cfg->name, i->est, err);
     if (st == SB_ERR_OVER_BUDGET && i->entry && i->entry->cur && i->entry->cur != i) {
         inst *old = i->entry->cur;
@@ -482,11 +506,14 @@ static sb_status load_entry(sb_registry *reg, entry *e, sb_error *err) {
         i->entry->next = NULL;
         st = make_room(reg, i->cfg->name, i->est, err);
     }
+    void *region = st == SB_OK ? reg->spare : NULL;
+    reg->spare = NULL;
+    drop_spare(reg);
     double t0 = unix_now();
     if (st == SB_OK) {
         reg->used += i->est;
         pthread_mutex_unlock(&reg->mu);
-        st = inst_build(reg, i, err);
+        st = inst_build(reg, i, region, err);
         pthread_mutex_lock(&reg->mu);
         reg->used -= i->est;
     }

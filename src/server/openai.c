@@ -112,22 +112,8 @@ static const cJSON *field(const cJSON *obj, const char *name) {
     return v && !cJSON_IsNull(v) ? v : NULL;
 }
 
-static const char *type_name(const cJSON *v) {
-    if (cJSON_IsString(v))
-        return "a string";
-    if (cJSON_IsNumber(v))
-        return "a number";
-    if (cJSON_IsBool(v))
-        return "a boolean";
-    if (cJSON_IsArray(v))
-        return "an array";
-    if (cJSON_IsObject(v))
-        return "an object";
-    return "null";
-}
-
 static bool bad_type(sb_oai_err *e, const char *param, const char *want, const cJSON *v) {
-    return invalid(e, param, "invalid_type", "'%s' must be %s, got %s", param, want, type_name(v));
+    return invalid(e, param, "invalid_type", "'%s' must be %s, got %s", param, want, sb__json_kind(v));
 }
 
 static bool get_float(const cJSON *obj, const char *name, double lo, double hi, float *out, sb_oai_err *e) {
@@ -239,7 +225,7 @@ static bool token_list(const sb_model_t *model, const cJSON *arr, int32_t **ids,
             *ids = NULL;
             if (!is_integer(t))
                 return invalid(e, param, "invalid_type", "'%s[%d]' must be a token id (an integer), got %s", param,
-                               i, type_name(t));
+                               i, sb__json_kind(t));
             return invalid(e, param, "invalid_value", "'%s[%d]' is %.0f, not a token id of this model (0..%d)", param,
                            i, t->valuedouble, (int)n_vocab - 1);
         }
@@ -853,7 +839,7 @@ bool sb_oai_parse(sb_srv *srv, sb_oai_kind kind, const char *body, size_t len, s
         ok = invalid(e, NULL, "invalid_json", "the request body has more after its JSON value (at byte %zu)",
                      (size_t)(end - body));
     else if (!cJSON_IsObject(root))
-        ok = invalid(e, NULL, "invalid_json", "the request body must be a JSON object, got %s", type_name(root));
+        ok = invalid(e, NULL, "invalid_json", "the request body must be a JSON object, got %s", sb__json_kind(root));
     else if ((nul = find_nul(body, len)) < len)
         ok = refuse_nul(body, len, root, nul, e);
     else if (kind == SB_OAI_CHAT)

@@ -29,6 +29,7 @@
 #include "server/admin.h"
 #include "server/door.h"
 #include "server/gen.h"
+#include "server/inproc.h"
 #include "server/openai.h"
 #include "server/server-impl.h"
 #include "server/sse.h"
@@ -120,17 +121,24 @@ static enum MHD_Result respond_json(sb_srv *srv, struct MHD_Connection *conn, ht
     return respond(srv, conn, q, method, url, status, body_response("application/json", body->p ? body->p : "", body->len));
 }
 
+/* An error answer already rendered as {"error": {...}} (503s say when to retry). */
+static enum MHD_Result respond_error_json(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *method,
+                                          const char *url, unsigned status, const sb_srv_buf *b) {
+    struct MHD_Response *r = b->failed ? NULL : body_response("application/json", b->p ? b->p : "", b->len);
+    if (r && status == MHD_HTTP_SERVICE_UNAVAILABLE)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (r && status == MHD_HTTP_METHOD_NOT_ALLOWED && q->route)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, q->route->method);
+    return respond(srv, conn, q, method, url, status, r);
+}
+
 static enum MHD_Result respond_error(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *method,
                                      const char *url, const sb_oai_err *e) {
     sb_srv_buf b = {0};
     sb_oai_err_json(e, &b);
-    struct MHD_Response *r = b.failed ? NULL : body_response("application/json", b.p, b.len);
+    enum MHD_Result r = respond_error_json(srv, conn, q, method, url, e->status, &b);
     sb_srv_buf_free(&b);
-    if (r && e->status == MHD_HTTP_SERVICE_UNAVAILABLE)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-    if (r && e->status == MHD_HTTP_METHOD_NOT_ALLOWED && q->route)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, q->route->method);
-    return respond(srv, conn, q, method, url, e->status, r);
+    return r;
 }
 
 static enum MHD_Result respond_not_ready(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
@@ -223,20 +231,6 @@ static enum MHD_Result handle_admin(sb_srv *srv, struct MHD_Connection *conn, ht
     return respond_error(srv, conn, q, method, url, &e);
 }
 
-/* An engine submission failure as an answer: the queue is full (503 with
- * Retry-After), the engine refuses the request (400), or not ready (503). */
-static void submit_error(const sb_error *err, sb_status st, sb_oai_err *e) {
-    if (st == SB_ERR_BUSY)
-        sb_oai_err_set(e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "server_busy",
-                       NULL, "the server is busy: too many requests are waiting; retry shortly");
-    else if (st == SB_ERR_INVALID_ARG || st == SB_ERR_CONTEXT_FULL)
-        sb_oai_err_set(e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_value", NULL, "%s", err->msg);
-    else if (st == SB_ERR_UNSUPPORTED)
-        sb_oai_err_set(e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "model_loading", NULL, "%s", err->msg);
-    else
-        sb_oai_err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, NULL, "%s", err->msg);
-}
-
 /* Says which model served, and why when it is a fallback: the body's
  * "model" and "metadata" say the same, these reach clients that only look
  * at headers (proxies, logs). */
@@ -251,62 +245,33 @@ static struct MHD_Response *with_model_headers(struct MHD_Response *r, const sb_
 }
 
 static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
-    if (!atomic_load(&srv->ready))
-        return respond_not_ready(srv, conn, q, url);
     sb_oai_kind kind = q->ep == SB_SRV_EP_CHAT ? SB_OAI_CHAT : q->ep == SB_SRV_EP_COMPLETIONS ? SB_OAI_COMPLETION
                                                                                            : SB_OAI_EMBEDDING;
-    sb_oai_req req;
-    sb_oai_err e;
-    if (!sb_oai_parse(srv, kind, q->body.p ? q->body.p : "", q->body.len, &req, &e))
-        return respond_error(srv, conn, q, "POST", url, &e);
-    sb_srv_buf_free(&q->body); /* not needed any more: do not hold it during generation */
-
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    sb_srv_gen *gen;
-    sb_error err;
-    sb_status st = sb_srv_gen_submit(srv, &req, ci ? ci->connect_fd : -1, &gen, &err);
-    if (st != SB_OK) {
-        sb_oai_req_free(&req);
-        submit_error(&err, st, &e);
-        return respond_error(srv, conn, q, "POST", url, &e);
-    }
-    if (req.stream) { /* the stream takes req over, and with it the lease, which lives as long as the response */
-        const sb_reg_lease *lease = req.lease;
-        return respond(srv, conn, q, "POST", url, MHD_HTTP_OK, with_model_headers(sb_srv_sse_response(srv, &req, gen), lease));
-    }
-
-    sb_oai_resp resp;
-    enum MHD_Result result = MHD_NO;
-    if (!sb_oai_resp_init(&resp, srv, &req)) {
-        sb_srv_gen_cancel(gen);
-        goto done;
-    }
-    for (;;) {
-        bool gone;
-        sb_srv_event *evs = sb_srv_gen_next(gen, &gone);
+    sb_srv_call c;
+    bool ok = sb__srv_call_start(srv, kind, q->body.p, q->body.len, NULL, ci ? ci->connect_fd : -1, true, &c);
+    sb_srv_buf_free(&q->body); /* not needed any more: do not hold it during generation */
+    enum MHD_Result result;
+    bool gone = false;
+    if (ok && c.req.stream) { /* the stream takes req and gen over, and with req the lease, which lives as long as the response */
+        const sb_reg_lease *lease = c.req.lease;
+        sb_srv_gen *gen = c.gen;
+        c.gen = NULL;
+        result = respond(srv, conn, q, "POST", url, MHD_HTTP_OK, with_model_headers(sb_srv_sse_response(srv, &c.req, gen), lease));
+    } else if (ok && !sb__srv_call_finish(srv, &c, &gone)) {
         if (gone) { /* nobody to answer: close the connection */
             sb_srv_metrics_request(&srv->metrics, q->ep, 499);
             sb__srv_log(srv, "POST %.200s: client went away; cancelled", url);
-            goto done;
         }
-        if (!evs)
-            break;
-        for (sb_srv_event *ev = evs; ev; ev = ev->next)
-            sb_oai_resp_add(&resp, ev);
-        sb_srv_events_free(evs);
+        result = MHD_NO;
+    } else if (c.status == MHD_HTTP_OK) {
+        result = c.body.failed ? MHD_NO
+                               : respond(srv, conn, q, "POST", url, MHD_HTTP_OK,
+                                         with_model_headers(body_response("application/json", c.body.p, c.body.len), c.req.lease));
+    } else {
+        result = respond_error_json(srv, conn, q, "POST", url, c.status, &c.body);
     }
-    sb_srv_buf body = {0};
-    if (sb_oai_resp_body(&resp, &body, &e))
-        result = body.failed ? MHD_NO
-                             : respond(srv, conn, q, "POST", url, MHD_HTTP_OK,
-                                       with_model_headers(body_response("application/json", body.p, body.len), req.lease));
-    else
-        result = respond_error(srv, conn, q, "POST", url, &e);
-    sb_srv_buf_free(&body);
-done:
-    sb_oai_resp_free(&resp);
-    sb_srv_gen_release(gen);
-    sb_oai_req_free(&req);
+    sb__srv_call_free(&c);
     return result;
 }
 
@@ -508,6 +473,10 @@ sb_status sb_srv_start(const sb_srv_params *params, sb_srv **out, sb_error *err)
     atomic_init(&srv->counter, 0);
     atomic_init(&srv->ready, false);
     sb_srv_metrics_init(&srv->metrics);
+    if (srv->p.no_listen) { /* in-process use only (sb_srv_execute) */
+        *out = srv;
+        return SB_OK;
+    }
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
     char port[8];

@@ -5,7 +5,8 @@
  * /admin/models, /admin/models/{name}/load|unload and /admin/reload, plus
  * /health and /metrics, on libmicrohttpd with a thread per connection.
  *
- * Lifecycle: sb_srv_start binds the socket and answers at once (503 while
+ * Lifecycle: sb_srv_start binds the socket (unless no_listen: then only
+ * sb_srv_execute of server/inproc.h reaches it) and answers at once (503 while
  * starting); sb_srv_load reads the registry and starts the executor, after
  * which the endpoints serve (models load on demand); sb_srv_stop cancels
  * whatever runs, closes every connection and frees everything. One sb_srv
@@ -31,6 +32,7 @@ typedef struct sb_srv_params {
     int32_t n_threads;      /* compute threads shared by every model; 0: one per online core */
     const char *host;       /* numeric address or name to bind; NULL: 127.0.0.1 */
     uint16_t port;          /* 0: any free port (see sb_srv_port) */
+    bool no_listen;         /* bind nothing: the server serves only in-process calls (server/inproc.h) */
     sb_engine_params engine;
     size_t max_body;        /* largest request body in bytes; larger ones get 413 */
     uint32_t timeout_s;     /* idle connection timeout: slow or stalled clients are dropped */

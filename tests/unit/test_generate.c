@@ -75,6 +75,64 @@ static void test_runc_logits(void **state) {
     sb_model_free(m);
 }
 
+/* The logits after "<s> Once upon a time" (5 tokens) into out[5 * n_vocab]. */
+static void eval_once_upon(sb_model_t *m, float *out) {
+    sb_ctx_t *ctx;
+    assert_int_equal(sb_ctx_create(m, NULL, &ctx, NULL), SB_OK);
+    const int32_t tokens[5] = {1, 403, 407, 261, 378};
+    const int32_t n_vocab = sb_model_n_vocab(m);
+    for (int pos = 0; pos < 5; pos++) {
+        assert_int_equal(sb_ctx_eval(ctx, &tokens[pos], 1, NULL), SB_OK);
+        memcpy(out + (size_t)pos * n_vocab, sb_ctx_logits(ctx), (size_t)n_vocab * sizeof *out);
+    }
+    sb_ctx_free(ctx);
+}
+
+/* A private load never reads its file again: the copy it came from is
+ * truncated and overwritten before the model runs, and the logits are the
+ * mapped original's to the bit. Every stored type the fixtures have: F32
+ * (nothing repacked), F16, Q8_0 and Q4_0 (repacked while loading). */
+static void test_private_image_outlives_file(void **state) {
+    (void)state;
+    const char *names[] = {"stories260K.gguf", "stories260K-f16.gguf", "stories260K-q8_0.gguf", "stories260K-q4_0.gguf"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char rel[64], copy[512];
+        snprintf(rel, sizeof rel, "models/%s", names[i]);
+        size_t size;
+        char *bytes = sb_test_read_file(sb_test_fixture(rel), &size);
+        assert_non_null(bytes);
+        snprintf(copy, sizeof copy, "%s/private-%s", sb_test_tmpdir(), names[i]);
+        FILE *f = fopen(copy, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(bytes, 1, size, f), size);
+        fclose(f);
+
+        sb_model_params p = sb_model_default_params();
+        p.private_copy = true;
+        sb_model_t *priv = NULL, *mapped = load_fixture(names[i]);
+        sb_error err;
+        if (sb_model_load_with(copy, &p, &priv, &err) != SB_OK)
+            fail_msg("private load of %s: %s", copy, err.msg);
+        f = fopen(copy, "wb"); /* truncated, then other bytes */
+        assert_non_null(f);
+        memset(bytes, 0x5a, size / 2);
+        fwrite(bytes, 1, size / 2, f);
+        fclose(f);
+
+        const size_t n = 5 * (size_t)sb_model_n_vocab(mapped);
+        float *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got);
+        eval_once_upon(mapped, want);
+        eval_once_upon(priv, got);
+        assert_memory_equal(want, got, n * sizeof *want);
+        free(want);
+        free(got);
+        free(bytes);
+        sb_model_free(priv);
+        sb_model_free(mapped);
+        remove(copy);
+    }
+}
+
 /* Softmax probability of `token` under logits. */
 static double prob_of(const float *logits, int32_t n, int32_t token) {
     double max = logits[0], sum = 0;
@@ -164,6 +222,7 @@ int main(void) {
         cmocka_unit_test(test_first_step_distribution),
         cmocka_unit_test(test_context_limit),
         cmocka_unit_test(test_batched_equals_sequential),
+        cmocka_unit_test(test_private_image_outlives_file),
     };
     return cmocka_run_group_tests(tests, load_expected, free_expected);
 }

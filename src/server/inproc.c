@@ -1,0 +1,145 @@
+/*
+ * inproc.c - the generation endpoints' work short of HTTP (see inproc.h):
+ * parse the body, submit its choices to the model's engine, collect the
+ * events and render the answer, with every failure as OpenAI's error JSON.
+ */
+#include <string.h>
+
+#include <microhttpd.h>
+
+#include "base/base.h"
+#include "server/inproc.h"
+#include "server/server-impl.h"
+
+bool sb_srv_endpoint_kind(const char *url_path, sb_oai_kind *kind) {
+    static const struct {
+        const char *path;
+        sb_oai_kind kind;
+    } eps[] = {
+        {"/v1/chat/completions", SB_OAI_CHAT},
+        {"/v1/completions", SB_OAI_COMPLETION},
+        {"/v1/embeddings", SB_OAI_EMBEDDING},
+    };
+    for (size_t i = 0; i < SB_ARRAY_LEN(eps); i++)
+        if (url_path && strcmp(url_path, eps[i].path) == 0) {
+            *kind = eps[i].kind;
+            return true;
+        }
+    return false;
+}
+
+static bool call_error(sb_srv_call *c, const sb_oai_err *e) {
+    c->status = e->status;
+    sb_srv_buf_clear(&c->body);
+    sb_oai_err_json(e, &c->body);
+    return false;
+}
+
+/* An engine submission failure as an answer: the queue is full (503), the
+ * engine refuses the request (400), or not ready (503). */
+static void submit_error(const sb_error *err, sb_status st, sb_oai_err *e) {
+    if (st == SB_ERR_BUSY)
+        sb_oai_err_set(e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "server_busy",
+                       NULL, "the server is busy: too many requests are waiting; retry shortly");
+    else if (st == SB_ERR_INVALID_ARG || st == SB_ERR_CONTEXT_FULL)
+        sb_oai_err_set(e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_value", NULL, "%s", err->msg);
+    else if (st == SB_ERR_UNSUPPORTED)
+        sb_oai_err_set(e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "model_loading", NULL, "%s", err->msg);
+    else
+        sb_oai_err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, NULL, "%s", err->msg);
+}
+
+bool sb__srv_call_start(sb_srv *srv, sb_oai_kind kind, const char *body, size_t len, const sb_gw_caller *caller,
+                        int client_fd, bool may_stream, sb_srv_call *c) {
+    memset(c, 0, sizeof *c);
+    sb_oai_err e;
+    if (!atomic_load(&srv->ready)) {
+        sb_oai_err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "model_loading", NULL,
+                       "the server is starting or stopping; retry shortly");
+        return call_error(c, &e);
+    }
+    if (!sb_oai_parse(srv, kind, body ? body : "", len, &c->req, &e))
+        return call_error(c, &e);
+    if (caller)
+        c->req.caller = *caller;
+    if (c->req.stream && !may_stream) {
+        sb_oai_err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_value", "stream",
+                       "\"stream\": true is not supported here (a batch request gets its whole answer)");
+        return call_error(c, &e);
+    }
+    sb_error err;
+    sb_status st = sb_srv_gen_submit(srv, &c->req, client_fd, &c->gen, &err);
+    if (st != SB_OK) {
+        submit_error(&err, st, &e);
+        return call_error(c, &e);
+    }
+    return true;
+}
+
+bool sb__srv_call_finish(sb_srv *srv, sb_srv_call *c, bool *gone) {
+    *gone = false;
+    sb_oai_resp resp;
+    bool ok = false;
+    if (!sb_oai_resp_init(&resp, srv, &c->req)) {
+        sb_srv_gen_cancel(c->gen);
+        goto done;
+    }
+    for (;;) {
+        sb_srv_event *evs = sb_srv_gen_next(c->gen, gone);
+        if (*gone)
+            goto done;
+        if (!evs)
+            break;
+        for (sb_srv_event *ev = evs; ev; ev = ev->next)
+            sb_oai_resp_add(&resp, ev);
+        sb_srv_events_free(evs);
+    }
+    sb_oai_err e;
+    if (sb_oai_resp_body(&resp, &c->body, &e))
+        c->status = MHD_HTTP_OK;
+    else
+        call_error(c, &e);
+    ok = !c->body.failed;
+done:
+    sb_oai_resp_free(&resp);
+    return ok;
+}
+
+void sb__srv_call_free(sb_srv_call *c) {
+    sb_srv_gen_release(c->gen);
+    sb_oai_req_free(&c->req);
+    sb_srv_buf_free(&c->body);
+    memset(c, 0, sizeof *c);
+}
+
+sb_status sb_srv_execute(sb_srv *srv, const char *url_path, const char *body, size_t len, const sb_gw_caller *caller,
+                         int *http_status, char **response_json, sb_error *err) {
+    *http_status = 0;
+    *response_json = NULL;
+    sb_srv_call c;
+    sb_oai_kind kind;
+    if (!sb_srv_endpoint_kind(url_path, &kind)) {
+        memset(&c, 0, sizeof c);
+        char quoted[216];
+        sb_oai_err e;
+        sb_oai_err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "unknown_url", NULL, "Invalid URL (POST %s)",
+                       sb_oai_quote(url_path ? url_path : "", url_path ? strlen(url_path) : 0, 200, quoted,
+                                    sizeof quoted));
+        call_error(&c, &e);
+    } else if (sb__srv_call_start(srv, kind, body, len, caller, -1, false, &c)) {
+        bool gone;
+        if (!sb__srv_call_finish(srv, &c, &gone)) { /* no client to go away: only memory can fail */
+            sb__srv_call_free(&c);
+            return sb_fail(err, SB_ERR_NOMEM, "out of memory for the answer to %s", url_path);
+        }
+    }
+    if (c.body.failed || !c.body.p) {
+        sb__srv_call_free(&c);
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory for the answer to %s", url_path);
+    }
+    *http_status = (int)c.status;
+    *response_json = c.body.p; /* the buffer's allocation is the caller's now */
+    c.body = (sb_srv_buf){0};
+    sb__srv_call_free(&c);
+    return SB_OK;
+}
