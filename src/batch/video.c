@@ -518,7 +518,7 @@ static sb_status check_tools(sb_error *err) {
 }
 
 sb_status sb_video_run(const sb_video_params *p, const sb_video_llm *llm, sb_video_report *report, sb_error *err) {
-    job j = {.p = p, .llm = llm, .t0 = now_s()};
+    job j = {.p = p, .llm = llm};
     memset(report, 0, sizeof *report);
     pthread_mutex_init(&j.err_mu, NULL);
     pthread_mutex_init(&j.progress_mu, NULL);
@@ -541,6 +541,7 @@ sb_status sb_video_run(const sb_video_params *p, const sb_video_llm *llm, sb_vid
         st = sb_fail(err, SB_ERR_IO, "%s: cannot write: %s", p->output, strerror(errno));
     if (st == SB_OK) {
         j.r.videos = j.n;
+        j.t0 = now_s(); /* the wall time is the pipeline's, set-up excluded */
         pthread_t th[N_STAGES], mon;
         void *(*const fns[N_STAGES])(void *) = {extract_stage, caption_stage, summarize_stage};
         int started = 0;
@@ -566,7 +567,8 @@ sb_status sb_video_run(const sb_video_params *p, const sb_video_llm *llm, sb_vid
         if (fclose(j.out) != 0 && st == SB_OK)
             st = sb_fail(err, SB_ERR_IO, "%s: cannot write: %s", p->output, strerror(errno));
     }
-    j.r.wall_s = now_s() - j.t0;
+    if (j.t0 > 0)
+        j.r.wall_s = now_s() - j.t0;
     *report = j.r;
     sb__video_captioner_free(j.captioner);
     sb__video_store_close(&j.store);
