@@ -16,9 +16,11 @@
  * summaries become the items of the next round: a summary of summaries,
  * recursively. No item may take more than B/2 (longer ones are cut), so
  * every chunk holds at least two items and each round at least halves them:
- * the rounds end.
+ * the rounds end. The chunks of a round are asked concurrently (up to four
+ * at once), so the scheduler batches them.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -133,7 +135,7 @@ static sb_status ask(round_ctx *r, const char *instruction, char *const *lines, 
     char *resp = NULL;
     sb_status st = r->llm->complete(r->llm->user, text, &resp, err);
     cJSON_free(text);
-    r->v->llm_calls++;
+    __atomic_fetch_add(&r->v->llm_calls, 1, __ATOMIC_RELAXED);
     if (st != SB_OK)
         return st;
     cJSON *root = cJSON_Parse(resp);
@@ -152,6 +154,60 @@ static sb_status ask(round_ctx *r, const char *instruction, char *const *lines, 
     cJSON_Delete(root);
     sb_free(resp);
     return st;
+}
+
+/* The chunks of one round are independent: up to SUMMARY_PARALLEL of them
+ * are asked at once, so the scheduler batches them. */
+#define SUMMARY_PARALLEL 4
+
+typedef struct chunk_work {
+    round_ctx *r;
+    const char *instruction;
+    char *const *lines;
+    const int32_t *starts;
+    int32_t n_lines, chunks;
+    item *out;
+    int next;              /* the next chunk to ask (atomic) */
+    int failed;            /* set once a chunk failed (atomic): the others stop */
+    pthread_mutex_t mu;
+    sb_error err;          /* the first failure */
+} chunk_work;
+
+static void *chunk_worker(void *arg) {
+    chunk_work *w = arg;
+    for (int c; !__atomic_load_n(&w->failed, __ATOMIC_RELAXED) &&
+                (c = __atomic_fetch_add(&w->next, 1, __ATOMIC_RELAXED)) < w->chunks;) {
+        int32_t to = c + 1 < w->chunks ? w->starts[c + 1] : w->n_lines;
+        sb_error e;
+        if (ask(w->r, w->instruction, w->lines, w->starts[c], to, &w->out[c].text, &e) != SB_OK) {
+            pthread_mutex_lock(&w->mu);
+            if (!w->failed)
+                w->err = e;
+            __atomic_store_n(&w->failed, 1, __ATOMIC_RELAXED);
+            pthread_mutex_unlock(&w->mu);
+        }
+    }
+    return NULL;
+}
+
+static sb_status ask_chunks(round_ctx *r, const char *instruction, char *const *lines, int32_t n_lines,
+                            const int32_t *starts, int32_t chunks, const item *items, item *out, sb_error *err) {
+    chunk_work w = {r, instruction, lines, starts, n_lines, chunks, out, 0, 0, PTHREAD_MUTEX_INITIALIZER, {0}};
+    for (int32_t c = 0; c < chunks; c++) {
+        out[c].t0 = items[starts[c]].t0;
+        out[c].t1 = items[(c + 1 < chunks ? starts[c + 1] : n_lines) - 1].t1;
+    }
+    pthread_t th[SUMMARY_PARALLEL - 1];
+    int extra = 0;
+    while (extra < SB_MIN(chunks, SUMMARY_PARALLEL) - 1 && pthread_create(&th[extra], NULL, chunk_worker, &w) == 0)
+        extra++;
+    chunk_worker(&w);
+    for (int i = 0; i < extra; i++)
+        pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&w.mu);
+    if (w.failed)
+        return sb_fail(err, w.err.status, "%s", w.err.msg);
+    return SB_OK;
 }
 
 /* Prompt tokens of a request under `instruction` with no items. */
@@ -207,12 +263,8 @@ static sb_status round_once(round_ctx *r, int level, item **items, int32_t *n, b
     } else if (st == SB_OK) {
         if (!(next = sb_calloc((size_t)chunks, sizeof *next)))
             st = sb_fail(err, SB_ERR_NOMEM, "out of memory");
-        for (int32_t c = 0; c < chunks && st == SB_OK; c++) {
-            int32_t from = starts[c], to = c + 1 < chunks ? starts[c + 1] : m;
-            next[c].t0 = (*items)[from].t0;
-            next[c].t1 = (*items)[to - 1].t1;
-            st = ask(r, instructions[level ? 1 : 0][1], lines, from, to, &next[c].text, err);
-        }
+        else
+            st = ask_chunks(r, instructions[level ? 1 : 0][1], lines, m, starts, chunks, *items, next, err);
     }
     for (int32_t i = 0; lines && i < m; i++)
         sb_free(lines[i]);
