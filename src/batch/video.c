@@ -527,6 +527,8 @@ sb_status sb_video_run(const sb_video_params *p, const sb_video_llm *llm, sb_vid
     queue_init(&j.q[1], SB_MAX(p->queue_depth, 1));
     char *fp = NULL;
     sb_status st = check_tools(err);
+    if (st == SB_OK) /* before the state records the job: a misspelt captioner can be corrected */
+        st = sb__video_captioner_create(p, &j.captioner, err);
     if (st == SB_OK)
         st = read_input(&j, p->input, err);
     if (st == SB_OK && !(fp = fingerprint(&j)))
@@ -535,8 +537,6 @@ sb_status sb_video_run(const sb_video_params *p, const sb_video_llm *llm, sb_vid
         st = sb__video_store_open(&j.store, p->state_dir, fp, err);
     if (st == SB_OK && mkdir(j.store.frames_dir, 0700) != 0 && errno != EEXIST)
         st = sb_fail(err, SB_ERR_IO, "%s: cannot create: %s", j.store.frames_dir, strerror(errno));
-    if (st == SB_OK)
-        st = sb__video_captioner_create(p, &j.captioner, err);
     if (st == SB_OK && !(j.out = fopen(p->output, "w")))
         st = sb_fail(err, SB_ERR_IO, "%s: cannot write: %s", p->output, strerror(errno));
     if (st == SB_OK) {

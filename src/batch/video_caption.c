@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
@@ -93,6 +94,23 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+/* Whether the command's program can be run (as posix_spawnp looks it up):
+ * a misspelt captioner is the job's error, not one per keyframe. */
+static bool runnable(const char *prog) {
+    if (strchr(prog, '/'))
+        return access(prog, X_OK) == 0;
+    const char *path = getenv("PATH");
+    for (const char *p = path ? path : "/usr/bin:/bin"; *p;) {
+        size_t n = strcspn(p, ":");
+        char full[4200];
+        snprintf(full, sizeof full, "%.*s/%s", (int)n, n ? p : ".", prog);
+        if (access(full, X_OK) == 0)
+            return true;
+        p += n + (p[n] == ':');
+    }
+    return false;
+}
+
 sb_status sb__video_captioner_create(const sb_video_params *p, sb_video_captioner **out, sb_error *err) {
     *out = NULL;
     sb_video_captioner *c = sb_calloc(1, sizeof *c);
@@ -126,6 +144,9 @@ sb_status sb__video_captioner_create(const sb_video_params *p, sb_video_captione
             st = sb_fail(err, SB_ERR_IO, "libcurl cannot start");
     } else {
         st = sb__video_split_command(p->captioner, &c->words, &c->argc, err);
+        if (st == SB_OK && !runnable(c->words[0]))
+            st = sb_fail(err, SB_ERR_NOT_FOUND, "--captioner: '%s' is not a program that can be run%s", c->words[0],
+                         strchr(c->words[0], '/') ? "" : " (not found on PATH)");
     }
     if (st != SB_OK) {
         sb__video_captioner_free(c);

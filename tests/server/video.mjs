@@ -18,6 +18,11 @@ import path from 'node:path';
 import { BIN, genModel, sleep } from './lib/harness.mjs';
 
 const hasFfmpeg = spawnSync('ffmpeg', ['-version']).status === 0 && spawnSync('ffprobe', ['-version']).status === 0;
+// `batch` hands --summarize over to the video pipeline (cmd_batch.c); a
+// build without that hand-over says so, and the tests are skipped with why.
+const handOver = spawnSync(BIN, ['batch', '--summarize'], { encoding: 'utf8' }).stderr;
+const skip = !hasFfmpeg ? 'ffmpeg is not installed'
+  : /unknown command|not built/.test(handOver) ? `switchboard batch --summarize is not built: ${handOver.trim()}` : false;
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sb-video-'));
 after(() => fs.rmSync(dir, { recursive: true, force: true }));
 const videos = path.join(dir, 'videos');
@@ -42,7 +47,7 @@ const captioner = path.join(dir, 'caption.sh');
 const failing = path.join(dir, 'failing.sh');
 
 before(() => {
-  if (!hasFfmpeg) return;
+  if (skip) return;
   fs.mkdirSync(videos);
   makeVideo(path.join(videos, 'a.mp4'), [['color=c=red', 2], ['color=c=blue', 3], ['testsrc', 2]]);
   // changes at 3 and 3.4: within the 1 s gap, only one is kept
@@ -86,7 +91,7 @@ const near = (a, b, tol = 0.15) => Math.abs(a - b) <= tol;
 let reference = null; // the uninterrupted run's output text
 
 test('keyframes at the scene changes, captions in order, error lines, map-reduce on a small context',
-  { skip: !hasFfmpeg && 'ffmpeg is not installed' }, () => {
+  { skip }, () => {
     const out = path.join(dir, 'ref.jsonl');
     const r = run(baseArgs(out, path.join(dir, 'ref.state')), { CAPTION_LOG: callLog('ref') });
     assert.equal(r.status, 0, r.stderr);
@@ -126,7 +131,7 @@ test('keyframes at the scene changes, captions in order, error lines, map-reduce
   });
 
 test('SIGKILL twice mid-caption, then rerun: nothing recorded is extracted or captioned again; the same output',
-  { skip: !hasFfmpeg && 'ffmpeg is not installed' }, async () => {
+  { skip }, async () => {
     assert.ok(reference, 'the reference run passed');
     const out = path.join(dir, 'kill.jsonl');
     const state = path.join(dir, 'kill.state');
@@ -169,7 +174,7 @@ test('SIGKILL twice mid-caption, then rerun: nothing recorded is extracted or ca
     assert.equal(fs.readFileSync(out, 'utf8'), reference);
   });
 
-test('a context that holds every caption: one request per video', { skip: !hasFfmpeg && 'ffmpeg is not installed' }, () => {
+test('a context that holds every caption: one request per video', { skip }, () => {
   const big = path.join(dir, 'big.gguf');
   genModel(big, { ctx: 2048, seed: 7 });
   const out = path.join(dir, 'big.jsonl');
@@ -181,7 +186,7 @@ test('a context that holds every caption: one request per video', { skip: !hasFf
   assert.match(r.stderr, /3 summarised in 3 requests/);
 });
 
-test('a changed input list under the same state is refused', { skip: !hasFfmpeg && 'ffmpeg is not installed' }, () => {
+test('a changed input list under the same state is refused', { skip }, () => {
   const extra = path.join(videos, 'e.mp4');
   fs.copyFileSync(path.join(videos, 'a.mp4'), extra);
   try {
@@ -194,8 +199,17 @@ test('a changed input list under the same state is refused', { skip: !hasFfmpeg 
   }
 });
 
+test('a captioner that cannot be run is refused before the job starts', { skip }, () => {
+  const state = path.join(dir, 'nocap.state');
+  const r = run(['batch', '--summarize', videos, '-o', path.join(dir, 'nocap.jsonl'), '-m', model, '--state-dir', state,
+    '--captioner', 'no-such-captioner-x --fast']);
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /--captioner: 'no-such-captioner-x' is not a program that can be run \(not found on PATH\)/);
+  assert.ok(!fs.existsSync(path.join(state, 'video.db')), 'no job recorded');
+});
+
 test('a failing captioner is an error for its keyframe; the video is still summarised',
-  { skip: !hasFfmpeg && 'ffmpeg is not installed' }, () => {
+  { skip }, () => {
     const list = path.join(dir, 'one.list');
     fs.writeFileSync(list, `# one video\n\n${path.join(videos, 'a.mp4')}\n`);
     const out = path.join(dir, 'fail.jsonl');
@@ -213,7 +227,7 @@ test('a failing captioner is an error for its keyframe; the video is still summa
   });
 
 test('the HTTP captioner: a vision chat request with the frame as a data: URL, 503 retried',
-  { skip: !hasFfmpeg && 'ffmpeg is not installed' }, async () => {
+  { skip }, async () => {
     let attempts = 0;
     const seen = [];
     const server = http.createServer((req, res) => {
