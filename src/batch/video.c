@@ -44,7 +44,6 @@ sb_video_params sb_video_default_params(void) {
         .ffmpeg_timeout_s = 600,
         .summary_tokens = 256,
         .queue_depth = 2,
-        .priority = 0,
     };
 }
 

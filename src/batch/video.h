@@ -38,9 +38,10 @@
 
 typedef struct sb_video_llm {
     /* Runs one /v1/chat/completions request body; on SB_OK *response is the
-     * response JSON (sb_malloc'd, the caller frees it), which may still be
-     * an OpenAI error object. Called from the summarise thread only. */
-    sb_status (*complete)(void *user, const char *body, char **response, sb_error *err);
+     * response JSON (sb_malloc'd, the caller frees it) and *http_status its
+     * status, the answer an OpenAI error object unless 200 (503: busy or
+     * loading, retried). Called from several threads at once. */
+    sb_status (*complete)(void *user, const char *body, int *http_status, char **response, sb_error *err);
     /* Prompt tokens `messages_json` (a JSON array of chat messages) takes
      * once rendered by the model's chat template, and tokens plain `text`
      * takes; < 0 when it cannot be counted (an error then). */
@@ -71,7 +72,6 @@ typedef struct sb_video_params {
     double ffmpeg_timeout_s;  /* per ffprobe/ffmpeg run */
     int32_t summary_tokens;   /* max_tokens of each summary request */
     int32_t queue_depth;      /* videos waiting between two stages */
-    int32_t priority;         /* the requests' scheduler priority (the batch tier's) */
     bool progress_tty;        /* a live status line (a terminal) rather than plain lines */
     FILE *progress;           /* where progress goes (stderr); NULL: nowhere */
 } sb_video_params;

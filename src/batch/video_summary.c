@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
@@ -101,6 +102,8 @@ static void fit(const sb_video_llm *llm, char *s, int32_t limit) {
     }
 }
 
+#define BUSY_RETRIES 8
+
 typedef struct round_ctx {
     const sb_video_params *p;
     const sb_video_llm *llm;
@@ -133,19 +136,32 @@ static sb_status ask(round_ctx *r, const char *instruction, char *const *lines, 
     if (!text)
         return sb_fail(err, SB_ERR_NOMEM, "out of memory");
     char *resp = NULL;
-    sb_status st = r->llm->complete(r->llm->user, text, &resp, err);
+    int status = 0;
+    sb_status st;
+    /* 503: the queue is full or the model is loading; asked again after a
+     * growing pause (0.1 s to 3.2 s), then the answer stands. */
+    for (int attempt = 0;; attempt++) {
+        st = r->llm->complete(r->llm->user, text, &status, &resp, err);
+        if (st != SB_OK || status != 503 || attempt == BUSY_RETRIES)
+            break;
+        sb_free(resp);
+        resp = NULL;
+        double wait = SB_MIN(0.1 * (double)(1 << attempt), 3.2);
+        struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
     cJSON_free(text);
-    __atomic_fetch_add(&r->v->llm_calls, 1, __ATOMIC_RELAXED);
     if (st != SB_OK)
         return st;
+    __atomic_fetch_add(&r->v->llm_calls, 1, __ATOMIC_RELAXED);
     cJSON *root = cJSON_Parse(resp);
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "error");
     const cJSON *msg = cJSON_GetObjectItemCaseSensitive(e, "message");
     const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "choices"), 0);
     const cJSON *content =
         cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ch, "message"), "content");
-    if (e)
-        st = sb_fail(err, SB_ERR_IO, "the model refused the summary request: %.300s",
+    if (e || status != 200)
+        st = sb_fail(err, SB_ERR_IO, "the model refused the summary request (HTTP %d): %.300s", status,
                      cJSON_IsString(msg) ? msg->valuestring : resp);
     else if (!cJSON_IsString(content))
         st = sb_fail(err, SB_ERR_FORMAT, "the model's answer has no choices[0].message.content: %.200s", resp);

@@ -43,10 +43,9 @@ typedef struct llm_ctx {
     sb_gw_caller caller;
 } llm_ctx;
 
-static sb_status complete(void *user, const char *body, char **response, sb_error *err) {
+static sb_status complete(void *user, const char *body, int *http_status, char **response, sb_error *err) {
     llm_ctx *c = user;
-    int status = 0;
-    return sb_srv_execute(c->srv, "/v1/chat/completions", body, strlen(body), &c->caller, &status, response, err);
+    return sb_srv_execute(c->srv, "/v1/chat/completions", body, strlen(body), &c->caller, http_status, response, err);
 }
 
 static int32_t count_chat(void *user, const char *messages) {
@@ -157,7 +156,6 @@ int sb_cli_batch_summarize(int argc, char **argv) {
         snprintf(state, sizeof state, "%s.state", vp.output);
         vp.state_dir = state;
     }
-    vp.priority = SB_BATCH_PRIORITY;
     vp.progress = quiet ? NULL : stderr;
     vp.progress_tty = isatty(STDERR_FILENO);
     sp.models = model ? model : models;
@@ -183,7 +181,7 @@ int sb_cli_batch_summarize(int argc, char **argv) {
     }
     ctx.srv = srv;
     snprintf(ctx.caller.tier, sizeof ctx.caller.tier, "%s", SB_BATCH_TIER);
-    ctx.caller.priority = vp.priority;
+    ctx.caller.priority = SB_BATCH_PRIORITY;
     snprintf(ctx.caller.request_id, sizeof ctx.caller.request_id, "video-summarize");
     sb_video_llm llm = {
         .complete = complete,

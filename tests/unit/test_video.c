@@ -141,6 +141,7 @@ static void split_command(void **state) {
  * request that would not fit is counted, not asserted there. */
 typedef struct fake {
     int32_t calls, max_prompt, n_ctx, overflows;
+    int32_t busy; /* answer 503 this many times first */
     bool refuse;
 } fake;
 
@@ -156,8 +157,14 @@ static int32_t count_chat(void *user, const char *messages) {
 }
 
 /* Answers "summary N" and records the largest prompt (it must fit with max_tokens). */
-static sb_status complete(void *user, const char *body, char **response, sb_error *err) {
+static sb_status complete(void *user, const char *body, int *http_status, char **response, sb_error *err) {
     fake *f = user;
+    if (f->busy > 0 && __atomic_fetch_sub(&f->busy, 1, __ATOMIC_RELAXED) > 0) { /* "busy": asked again */
+        *http_status = 503;
+        *response = sb_strndup("{\"error\":{\"message\":\"busy\"}}", 27);
+        return SB_OK;
+    }
+    *http_status = f->refuse ? 400 : 200;
     cJSON *b = cJSON_Parse(body);
     char *msgs = cJSON_PrintUnformatted(cJSON_GetObjectItem(b, "messages"));
     int32_t prompt = count_chat(f, msgs), max_tokens = cJSON_GetObjectItem(b, "max_tokens")->valueint;
@@ -228,6 +235,14 @@ static void map_reduce(void **state) {
     assert_int_equal(sb__video_summarize(&p, &llm, v, &err), SB_ERR_CONTEXT_FULL);
     assert_non_null(strstr(err.msg, "too small"));
     assert_int_equal(f.calls, 0);
+    sb__video_item_free(v);
+    /* 503 (busy, loading) is asked again: the video is not failed for it */
+    f = (fake){.n_ctx = 8192, .busy = 2};
+    llm.n_ctx = 8192;
+    v = captioned_video(3);
+    assert_int_equal(sb__video_summarize(&p, &llm, v, &err), SB_OK);
+    assert_int_equal(f.calls, 1);
+    assert_int_equal(v->llm_calls, 1);
     sb__video_item_free(v);
     /* the model's error is the video's, with its message */
     f = (fake){.n_ctx = 8192, .refuse = true};
