@@ -5,7 +5,8 @@
  * SIGTERM; SIGHUP re-reads the registry. It listens first and reads the
  * registry after, so /health answers 503 meanwhile; the bound address is
  * printed as "listening on http://HOST:PORT" (with --port 0 the kernel
- * picks the port and this line says which).
+ * picks the port and this line says which). --state-dir turns on the Files
+ * and Batch APIs, whose batches continue after a restart on the same one.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -23,7 +24,8 @@ static const char serve_usage[] =
     "                         [--ctx N (the model's trained context)] [--parallel N] [--threads N]\n"
     "                         [--max-batch-tokens N] [--max-body BYTES] [--max-queue N]\n"
     "                         [--timeout SECONDS] [--cache-type f32|f16|q8_0 (f16)] [--quiet]\n"
-    "                         [--max-connections N (1024)] [--header-timeout SECONDS (10)] [--body-timeout SECONDS (60)]\n";
+    "                         [--max-connections N (1024)] [--header-timeout SECONDS (10)] [--body-timeout SECONDS (60)]\n"
+    "                         [--state-dir DIR (/v1/files and /v1/batches; none: off)] [--max-file-bytes SIZE (512M)]\n";
 
 /* "8G", "512M", "100000": bytes; exits with a usage error otherwise. */
 static size_t parse_size(const char *opt, const char *v) {
@@ -63,7 +65,7 @@ int sb_cmd_serve(int argc, char **argv) {
             break;
         if (sb_cli_opt(argc, argv, &i, "-m", &model) || sb_cli_opt(argc, argv, &i, "--model", &model) ||
             sb_cli_opt(argc, argv, &i, "--models", &models) || sb_cli_opt(argc, argv, &i, "--host", &p.host) ||
-            sb_cli_opt(argc, argv, &i, "--alias", &p.model_id))
+            sb_cli_opt(argc, argv, &i, "--alias", &p.model_id) || sb_cli_opt(argc, argv, &i, "--state-dir", &p.state_dir))
             continue;
         if (sb_cli_opt(argc, argv, &i, "--memory-budget", &v))
             p.memory_budget = parse_size("--memory-budget", v);
@@ -91,6 +93,8 @@ int sb_cmd_serve(int argc, char **argv) {
             p.engine.max_queue = (int32_t)sb_cli_int("--max-queue", v, 1, 1 << 20);
         else if (sb_cli_opt(argc, argv, &i, "--max-body", &v))
             p.max_body = (size_t)sb_cli_int("--max-body", v, 1, INT64_C(1) << 32);
+        else if (sb_cli_opt(argc, argv, &i, "--max-file-bytes", &v))
+            p.max_file_bytes = parse_size("--max-file-bytes", v);
         else if (sb_cli_opt(argc, argv, &i, "--cache-type", &v))
             p.engine.cache_type = sb_cli_cache_type("--cache-type", v);
         else if (sb_cli_opt(argc, argv, &i, "--timeout", &v))

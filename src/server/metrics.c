@@ -18,6 +18,8 @@ static const char *const endpoint_names[SB_SRV_EP_COUNT] = {
     [SB_SRV_EP_METRICS] = "/metrics",
     [SB_SRV_EP_PROMPTS] = "/v1/prompts",
     [SB_SRV_EP_ADMIN] = "/admin",
+    [SB_SRV_EP_FILES] = "/v1/files",
+    [SB_SRV_EP_BATCHES] = "/v1/batches",
     [SB_SRV_EP_OTHER] = "other",
 };
 

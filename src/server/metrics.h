@@ -31,6 +31,8 @@ typedef enum sb_srv_endpoint {
     SB_SRV_EP_METRICS,
     SB_SRV_EP_PROMPTS,
     SB_SRV_EP_ADMIN,
+    SB_SRV_EP_FILES,
+    SB_SRV_EP_BATCHES,
     SB_SRV_EP_OTHER, /* unknown paths */
     SB_SRV_EP_COUNT
 } sb_srv_endpoint;

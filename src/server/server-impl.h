@@ -14,13 +14,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <microhttpd.h>
+
 #include "engine/engine.h"
 #include "engine/executor.h"
 #include "registry/registry.h"
 #include "server/metrics.h"
+#include "server/openai.h"
 #include "server/server.h"
-
-struct MHD_Daemon;
 
 /* Most models one /metrics scrape reports engine figures for. */
 #define SB_SRV_MAX_MODELS 256
@@ -39,7 +40,24 @@ struct sb_srv {
     sb_srv_metrics metrics;
     atomic_uint_fast64_t counter; /* ids and default seeds */
     uint64_t salt;                /* mixed into ids and default seeds */
+    struct sb_srv_batches *batches; /* /v1/files and /v1/batches (batches.c); NULL without a state_dir */
 };
+
+/* One HTTP request, for the handlers of other files than server.c: they
+ * answer through these (counted and logged as server.c's are). */
+typedef struct sb_srv_http sb_srv_http;
+enum MHD_Result sb__srv_respond(sb_srv *srv, struct MHD_Connection *conn, sb_srv_http *q, const char *url,
+                                unsigned status, struct MHD_Response *response); /* consumes response */
+enum MHD_Result sb__srv_respond_json(sb_srv *srv, struct MHD_Connection *conn, sb_srv_http *q, const char *url,
+                                     unsigned status, sb_srv_buf *body);
+enum MHD_Result sb__srv_respond_error(sb_srv *srv, struct MHD_Connection *conn, sb_srv_http *q, const char *url,
+                                      const sb_oai_err *e);
+enum MHD_Result sb__srv_respond_not_ready(sb_srv *srv, struct MHD_Connection *conn, sb_srv_http *q, const char *url);
+/* The body received (routes without an upload function). */
+const sb_srv_buf *sb__srv_http_body(const sb_srv_http *q);
+/* An upload route's state: set on its first chunk, freed with the request. */
+void *sb__srv_http_upload(const sb_srv_http *q);
+void sb__srv_http_set_upload(sb_srv_http *q, void *state, void (*free_fn)(void *));
 
 /* A fresh pseudo-random 64-bit number (distinct per call). */
 uint64_t sb__srv_random(sb_srv *srv);

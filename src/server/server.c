@@ -27,6 +27,7 @@
 #include "base/base.h"
 #include "model/model.h"
 #include "server/admin.h"
+#include "server/batches.h"
 #include "server/door.h"
 #include "server/gen.h"
 #include "server/inproc.h"
@@ -71,7 +72,7 @@ static double now_s(void) {
 typedef struct route route;
 
 /* One HTTP request (libmicrohttpd's per-request closure). */
-typedef struct http_req {
+typedef struct sb_srv_http {
     const route *route;  /* NULL: unknown path */
     sb_srv_endpoint ep;
     bool method_ok;
@@ -81,9 +82,14 @@ typedef struct http_req {
     uint64_t received;   /* body bytes so far */
     sb_srv_buf body;
     double t_start;
+    void *upload;                     /* an upload route's state (batches.c), freed by upload_free */
+    void (*upload_free)(void *upload);
 } http_req;
 
 typedef enum MHD_Result (*handler_fn)(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url);
+/* Takes a body chunk of an upload route, which streams its body instead of
+ * keeping it (up to max_file_bytes instead of max_body); false closes the connection. */
+typedef bool (*upload_fn)(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *data, size_t n);
 
 struct route {
     const char *path;   /* exact path, or prefix when it ends in '/' */
@@ -146,6 +152,35 @@ static enum MHD_Result respond_not_ready(sb_srv *srv, struct MHD_Connection *con
     sb_oai_err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "model_loading", NULL,
                    "the server is starting or stopping; retry shortly");
     return respond_error(srv, conn, q, q->route ? q->route->method : "?", url, &e);
+}
+
+/* For the handlers of other files (server-impl.h). */
+enum MHD_Result sb__srv_respond(sb_srv *srv, struct MHD_Connection *conn, sb_srv_http *q, const char *url,
+                                unsigned status, struct MHD_Response *response) {
+    return respond(srv, conn, q, q->route->method, url, status, response);
+}
+
+enum MHD_Result sb__srv_respond_json(sb_srv *srv, struct MHD_Connection *conn, sb_srv_http *q, const char *url,
+                                     unsigned status, sb_srv_buf *body) {
+    return respond_json(srv, conn, q, q->route->method, url, status, body);
+}
+
+enum MHD_Result sb__srv_respond_error(sb_srv *srv, struct MHD_Connection *conn, sb_srv_http *q, const char *url,
+                                      const sb_oai_err *e) {
+    return respond_error(srv, conn, q, q->route->method, url, e);
+}
+
+enum MHD_Result sb__srv_respond_not_ready(sb_srv *srv, struct MHD_Connection *conn, sb_srv_http *q, const char *url) {
+    return respond_not_ready(srv, conn, q, url);
+}
+
+const sb_srv_buf *sb__srv_http_body(const sb_srv_http *q) { return &q->body; }
+
+void *sb__srv_http_upload(const sb_srv_http *q) { return q->upload; }
+
+void sb__srv_http_set_upload(sb_srv_http *q, void *state, void (*free_fn)(void *)) {
+    q->upload = state;
+    q->upload_free = free_fn;
 }
 
 /* ---- handlers --------------------------------------------------------------- */
@@ -287,19 +322,56 @@ static const route routes[] = {
     {"/admin/reload", "POST", SB_SRV_EP_ADMIN, handle_admin},
     {"/health", "GET", SB_SRV_EP_HEALTH, handle_health},
     {"/metrics", "GET", SB_SRV_EP_METRICS, handle_metrics},
+    {"/v1/files", "POST", SB_SRV_EP_FILES, sb__srv_files_create},
+    {"/v1/files", "GET", SB_SRV_EP_FILES, sb__srv_files_list},
+    {"/v1/files/", "GET", SB_SRV_EP_FILES, sb__srv_files_get},
+    {"/v1/files/", "DELETE", SB_SRV_EP_FILES, sb__srv_files_delete},
+    {"/v1/batches", "POST", SB_SRV_EP_BATCHES, sb__srv_batches_create},
+    {"/v1/batches", "GET", SB_SRV_EP_BATCHES, sb__srv_batches_list},
+    {"/v1/batches/", "GET", SB_SRV_EP_BATCHES, sb__srv_batches_get},
+    {"/v1/batches/", "POST", SB_SRV_EP_BATCHES, sb__srv_batches_cancel},
 };
 
-static const route *find_route(const char *url) {
-    for (size_t i = 0; i < SB_ARRAY_LEN(routes); i++) {
-        size_t n = strlen(routes[i].path);
-        if (routes[i].path[n - 1] == '/' ? strncmp(url, routes[i].path, n) == 0 && url[n]
-                                         : strcmp(url, routes[i].path) == 0)
-            return &routes[i];
-    }
+/* The routes whose body streams to an upload function instead of memory. */
+static const struct {
+    handler_fn fn;
+    upload_fn upload;
+} uploads[] = {
+    {sb__srv_files_create, sb__srv_files_upload},
+};
+
+static upload_fn route_upload(const route *r) {
+    for (size_t i = 0; r && i < SB_ARRAY_LEN(uploads); i++)
+        if (uploads[i].fn == r->fn)
+            return uploads[i].upload;
     return NULL;
 }
 
+/* The route of url for method; a path served under other methods only gives
+ * its first route (then 405). */
+static const route *find_route(const char *url, const char *method) {
+    const route *any = NULL;
+    for (size_t i = 0; i < SB_ARRAY_LEN(routes); i++) {
+        size_t n = strlen(routes[i].path);
+        if (routes[i].path[n - 1] == '/' ? strncmp(url, routes[i].path, n) == 0 && url[n]
+                                         : strcmp(url, routes[i].path) == 0) {
+            if (strcmp(method, routes[i].method) == 0 || (strcmp(method, "HEAD") == 0 && strcmp(routes[i].method, "GET") == 0))
+                return &routes[i];
+            if (!any)
+                any = &routes[i];
+        }
+    }
+    return any;
+}
+
 /* ---- libmicrohttpd callbacks ----------------------------------------------- */
+
+/* The largest body q's route takes, and the option that sets it. */
+static size_t body_limit(const sb_srv *srv, const http_req *q, const char **flag) {
+    bool upload = q->method_ok && route_upload(q->route);
+    *flag = upload ? "--max-file-bytes" : "--max-body";
+    return upload ? srv->p.max_file_bytes : srv->p.max_body;
+}
 
 /* Collects a request's Content-Length values: lens[0] the first, lens[1] one that differs. */
 static enum MHD_Result find_lengths(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
@@ -323,7 +395,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_NO;
         *con_cls = q;
         q->t_start = now_s();
-        q->route = find_route(url);
+        q->route = find_route(url, method);
         q->ep = q->route ? q->route->ep : SB_SRV_EP_OTHER;
         /* HEAD on a GET route answers as GET; libmicrohttpd leaves the body out. */
         q->method_ok = q->route && (strcmp(method, q->route->method) == 0 ||
@@ -341,18 +413,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         const char *expect = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
         unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
-        if (declared > srv->p.max_body) {
+        const char *flag;
+        size_t limit = body_limit(srv, q, &flag);
+        if (declared > limit) {
             /* A client waiting for "100 Continue", or one announcing more than
              * we would drain, is answered now; any other is already sending,
              * and closing on it would lose the answer in a reset: its body is
              * discarded as it comes and the 413 follows. */
             q->too_large = true;
-            if (!(expect && strcasecmp(expect, "100-continue") == 0) && declared <= srv->p.max_body + DRAIN_LIMIT)
+            if (!(expect && strcasecmp(expect, "100-continue") == 0) && declared <= limit + DRAIN_LIMIT)
                 return MHD_YES;
             sb_oai_err e;
             sb_oai_err_set(&e, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", "request_too_large", NULL,
-                           "the request body is %llu bytes; this server accepts at most %zu (--max-body)", declared,
-                           srv->p.max_body);
+                           "the request body is %llu bytes; this server accepts at most %zu (%s)", declared, limit,
+                           flag);
             return respond_error(srv, conn, q, method, url, &e);
         }
         return MHD_YES;
@@ -366,13 +440,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_NO;
         }
         q->received += *upload_size;
-        if (q->received > srv->p.max_body + DRAIN_LIMIT)
+        const char *flag;
+        size_t limit = body_limit(srv, q, &flag);
+        if (q->received > limit + DRAIN_LIMIT)
             return MHD_NO; /* a body without end: close the connection */
-        if (!q->too_large && q->received > srv->p.max_body) {
+        if (!q->too_large && q->received > limit) {
             q->too_large = true; /* the body passed the limit: stop keeping it */
             sb_srv_buf_free(&q->body);
         }
-        if (!q->too_large) {
+        upload_fn upload = q->method_ok ? route_upload(q->route) : NULL;
+        if (!q->too_large && upload) {
+            if (!upload(srv, conn, q, upload_data, *upload_size))
+                return MHD_NO;
+        } else if (!q->too_large) {
             sb_srv_buf_append(&q->body, upload_data, *upload_size);
             if (q->body.failed)
                 return MHD_NO;
@@ -382,8 +462,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     sb_oai_err e;
     if (q->too_large) {
+        const char *flag;
+        size_t limit = body_limit(srv, q, &flag);
         sb_oai_err_set(&e, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", "request_too_large", NULL,
-                       "the request body is larger than %zu bytes (--max-body)", srv->p.max_body);
+                       "the request body is larger than %zu bytes (%s)", limit, flag);
         return respond_error(srv, conn, q, method, url, &e);
     }
     if (!q->route) {
@@ -406,6 +488,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!q)
         return;
     sb_srv_buf_free(&q->body);
+    if (q->upload_free)
+        q->upload_free(q->upload);
     sb_free(q);
     *con_cls = NULL;
 }
@@ -451,6 +535,7 @@ sb_srv_params sb_srv_default_params(void) {
         .keep_alive_ms = 5 * 60 * 1000, /* Ollama's default */
         .watch = true,
         .max_body = (size_t)8 << 20,
+        .max_file_bytes = (size_t)512 << 20,
         .timeout_s = 30,
         .header_timeout_s = 10,
         .body_timeout_s = 60,
@@ -543,6 +628,11 @@ sb_status sb_srv_load(sb_srv *srv, sb_error *err) {
         srv->exec = NULL;
         return st;
     }
+    /* Before ready, so that /v1/batches answers as soon as /health does; the
+     * batches left running continue (their requests wait out the 503s of
+     * the moment until ready). */
+    if ((st = sb__srv_batches_open(srv, err)) != SB_OK)
+        return st;
     atomic_store(&srv->ready, true);
     return SB_OK;
 }
@@ -557,6 +647,7 @@ void sb_srv_stop(sb_srv *srv) {
     if (!srv)
         return;
     atomic_store(&srv->ready, false);
+    sb__srv_batches_interrupt(srv); /* before the cancel: the batch answers it cuts are not recorded */
     /* Requests end first (waiting connection threads get their DONE events
      * and finish), then the connections, whose requests hold leases. */
     if (srv->reg)
@@ -565,6 +656,7 @@ void sb_srv_stop(sb_srv *srv) {
     if (srv->daemon)
         MHD_stop_daemon(srv->daemon);
     sb_srv_door_free(srv->door);
+    sb__srv_batches_close(srv);
     sb_registry_free(srv->reg);
     sb_executor_free(srv->exec);
     sb_srv_metrics_destroy(&srv->metrics);

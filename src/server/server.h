@@ -35,6 +35,8 @@ typedef struct sb_srv_params {
     bool no_listen;         /* bind nothing: the server serves only in-process calls (server/inproc.h) */
     sb_engine_params engine;
     size_t max_body;        /* largest request body in bytes; larger ones get 413 */
+    const char *state_dir;  /* /v1/files and /v1/batches keep their files and batch.db here; NULL: those answer 404 */
+    size_t max_file_bytes;  /* largest POST /v1/files body; larger ones get 413 */
     uint32_t timeout_s;     /* idle connection timeout: slow or stalled clients are dropped */
     uint32_t header_timeout_s; /* a new connection's request head must arrive within this (else 408) */
     uint32_t body_timeout_s;   /* a request body must arrive within this of its head (else closed) */
