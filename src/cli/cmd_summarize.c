@@ -12,16 +12,13 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "batch/runner.h"
 #include "batch/video.h"
 #include "cli/cli.h"
 #include "model/chat.h"
 #include "registry/registry.h"
 #include "server/inproc.h"
 #include "server/server-impl.h"
-
-/* The batch tier (until batch/runner.h lands on this branch). */
-#define SB_BATCH_TIER "batch"
-#define SB_BATCH_PRIORITY (-10)
 
 static const char summarize_usage[] =
     "usage: switchboard batch --summarize DIR|LIST -o OUT.jsonl --captioner CMD|URL (-m FILE | --models REGISTRY)\n"
