@@ -44,4 +44,7 @@ char *sb_cli_read_file(const char *path);
 /* Seconds from a monotonic clock. */
 double sb_cli_now(void);
 
+/* `switchboard batch --summarize ...`: the video pipeline (cmd_summarize.c). */
+int sb_cli_batch_summarize(int argc, char **argv);
+
 #endif

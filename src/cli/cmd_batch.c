@@ -35,9 +35,6 @@ static const char batch_usage[] =
     "                         [--parallel N (8)] [--threads N] [--ctx N] [--cache-type f32|f16|q8_0] [--quiet]\n"
     "       switchboard batch --summarize DIR|LIST -o OUT.jsonl --captioner CMD|URL ...  (video summaries)\n";
 
-/* Not weak once the video pipeline (cmd_summarize.c) is linked in: until
- * then --summarize says it is not built. */
-int sb_cli_batch_summarize(int argc, char **argv) __attribute__((weak));
 
 static atomic_bool interrupted;
 
@@ -203,11 +200,8 @@ static int finish_job(sb_batch_store *store, const char *id, const char *out, co
 
 int sb_cmd_batch(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--summarize") == 0) {
-            if (!sb_cli_batch_summarize)
-                return sb_cli_error("batch --summarize: the video pipeline is not built into this switchboard");
-            return sb_cli_batch_summarize(argc, argv);
-        }
+        if (strcmp(argv[i], "--summarize") == 0)
+            return sb_cli_batch_summarize(argc, argv); /* cmd_summarize.c: the video pipeline */
     sb_srv_params sp = sb_srv_default_params();
     sp.no_listen = true;
     sp.watch = false;
