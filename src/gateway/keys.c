@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "base/base.h"
@@ -290,6 +291,10 @@ sb_status sb_gw_keys_open(const char *state_dir, bool watch, void (*log)(void *u
     ks->log_user = log_user;
     ks->data_version = -1;
     sb_status st = sb_db_open(state_dir, SB_GW_KEYS_FILE, schema, &ks->db, err);
+    /* The file holds the HMAC secret: readable by its owner only (SQLite
+     * gives the -wal and -shm files the same mode). */
+    if (st == SB_OK)
+        chmod(sqlite3_db_filename(ks->db, "main"), 0600);
     if (st == SB_OK)
         st = load_secret(ks, err);
     if (st == SB_OK)

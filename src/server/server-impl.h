@@ -37,12 +37,17 @@ struct sb_srv {
     sb_registry *reg;
 
     sb_srv_metrics metrics;
+    struct sb_gw *gw;     /* admission: keys, limits, tiers (src/gateway/gateway.h) */
     atomic_uint_fast64_t counter; /* ids and default seeds */
     uint64_t salt;                /* mixed into ids and default seeds */
 };
 
 /* A fresh pseudo-random 64-bit number (distinct per call). */
 uint64_t sb__srv_random(sb_srv *srv);
+/* Tokens a finished request used, as its usage counts them (the
+ * gateway's settlement). */
+struct sb_oai_resp;
+int64_t sb__srv_tokens_used(const struct sb_oai_resp *resp);
 /* Logs one printf-style line through params.log. */
 void sb__srv_log(sb_srv *srv, const char *fmt, ...) SB_PRINTF(2, 3);
 

@@ -25,6 +25,7 @@
 #include <microhttpd.h>
 
 #include "base/base.h"
+#include "gateway/gateway.h"
 #include "model/model.h"
 #include "server/admin.h"
 #include "server/door.h"
@@ -80,6 +81,8 @@ typedef struct http_req {
     uint64_t received;   /* body bytes so far */
     sb_srv_buf body;
     double t_start;
+    sb_gw_request gw;    /* who calls, what admission said (src/gateway/) */
+    const char *origin;  /* the Origin header when --cors allows it, else NULL */
 } http_req;
 
 typedef enum MHD_Result (*handler_fn)(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url);
@@ -91,11 +94,29 @@ struct route {
     handler_fn fn;
 };
 
+/* What every answer carries: its request id, CORS for an allowed origin,
+ * and for a keyed request the x-ratelimit-* headers (and Retry-After). */
+static void add_gateway_headers(const http_req *q, struct MHD_Response *r) {
+    MHD_add_response_header(r, "x-request-id", q->gw.caller.request_id);
+    if (q->origin) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", q->origin);
+        MHD_add_response_header(r, "Access-Control-Expose-Headers",
+                                "x-request-id, x-switchboard-model, x-switchboard-fallback, retry-after, "
+                                "x-ratelimit-limit-requests, x-ratelimit-remaining-requests, x-ratelimit-reset-requests, "
+                                "x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens");
+        if (strcmp(q->origin, "*") != 0)
+            MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Origin");
+    }
+    for (int i = 0; i < q->gw.verdict.n_headers; i++)
+        MHD_add_response_header(r, q->gw.verdict.headers[i].name, q->gw.verdict.headers[i].value);
+}
+
 /* Queues `response` with `status`, counts and logs it. Consumes the response. */
 static enum MHD_Result respond(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *method,
                                const char *url, unsigned status, struct MHD_Response *response) {
     if (!response)
         return MHD_NO;
+    add_gateway_headers(q, response);
     if (q->close || sb_srv_door_busy(srv->door)) /* under load the next request comes through the door */
         MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result r = MHD_queue_response(conn, status, response);
@@ -131,6 +152,15 @@ static enum MHD_Result respond_error(sb_srv *srv, struct MHD_Connection *conn, h
     if (r && e->status == MHD_HTTP_METHOD_NOT_ALLOWED && q->route)
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, q->route->method);
     return respond(srv, conn, q, method, url, e->status, r);
+}
+
+/* The gateway's refusal (401, 403, 429, 503) as an OpenAI error. */
+static enum MHD_Result respond_refusal(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *method,
+                                       const char *url) {
+    const sb_gw_verdict *v = &q->gw.verdict;
+    sb_oai_err e;
+    sb_oai_err_set(&e, v->status, v->type, v->code, NULL, "%s", v->message);
+    return respond_error(srv, conn, q, method, url, &e);
 }
 
 static enum MHD_Result respond_not_ready(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
@@ -171,6 +201,7 @@ static enum MHD_Result handle_metrics(sb_srv *srv, struct MHD_Connection *conn, 
     sb_srv_buf_free(&b);
     if (!r)
         return MHD_NO;
+    add_gateway_headers(q, r);
     enum MHD_Result res = MHD_queue_response(conn, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
     q->answered = true;
@@ -250,6 +281,27 @@ static struct MHD_Response *with_model_headers(struct MHD_Response *r, const sb_
     return r;
 }
 
+/* What the token bucket holds for a request while it runs: every prompt
+ * once (as usage counts them) and each choice's most tokens to generate. */
+static int64_t tokens_reserved(const sb_oai_req *req) {
+    int64_t prompt = 0, longest = 0;
+    for (int32_t p = 0; p < req->n_prompts; p++) {
+        prompt += req->prompt_lens[p];
+        longest = SB_MAX(longest, req->prompt_lens[p]);
+    }
+    if (req->kind == SB_OAI_EMBEDDING)
+        return prompt;
+    int64_t gen = req->max_tokens > 0 ? req->max_tokens : SB_MAX(sb_reg_lease_n_ctx(req->lease) - longest, 0);
+    return prompt + gen * req->n_choices;
+}
+
+int64_t sb__srv_tokens_used(const sb_oai_resp *resp) {
+    int64_t used = 0;
+    for (int32_t i = 0; resp->choices && i < resp->req->n_choices; i++)
+        used += resp->choices[i].n_generated + (i % resp->req->n == 0 ? resp->choices[i].n_prompt : 0);
+    return used;
+}
+
 static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
     if (!atomic_load(&srv->ready))
         return respond_not_ready(srv, conn, q, url);
@@ -260,12 +312,18 @@ static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn,
     if (!sb_oai_parse(srv, kind, q->body.p ? q->body.p : "", q->body.len, &req, &e))
         return respond_error(srv, conn, q, "POST", url, &e);
     sb_srv_buf_free(&q->body); /* not needed any more: do not hold it during generation */
+    if (!sb_gw_admit(srv->gw, &q->gw, sb_reg_lease_name(req.lease), tokens_reserved(&req))) {
+        sb_oai_req_free(&req);
+        return respond_refusal(srv, conn, q, "POST", url);
+    }
+    req.caller = q->gw.caller;
 
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     sb_srv_gen *gen;
     sb_error err;
     sb_status st = sb_srv_gen_submit(srv, &req, ci ? ci->connect_fd : -1, &gen, &err);
     if (st != SB_OK) {
+        sb_gw_settle(srv->gw, &req.caller, 0);
         sb_oai_req_free(&req);
         submit_error(&err, st, &e);
         return respond_error(srv, conn, q, "POST", url, &e);
@@ -304,6 +362,7 @@ static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn,
         result = respond_error(srv, conn, q, "POST", url, &e);
     sb_srv_buf_free(&body);
 done:
+    sb_gw_settle(srv->gw, &req.caller, sb__srv_tokens_used(&resp));
     sb_oai_resp_free(&resp);
     sb_srv_gen_release(gen);
     sb_oai_req_free(&req);
@@ -348,6 +407,76 @@ static enum MHD_Result find_lengths(void *cls, enum MHD_ValueKind kind, const ch
     return MHD_YES;
 }
 
+/* ---- gateway: request ids, CORS, what each route needs ---------------------- */
+
+/* The client's own x-request-id when it is a sane token, else a new one. */
+static void set_request_id(sb_srv *srv, struct MHD_Connection *conn, http_req *q) {
+    const char *id = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-request-id");
+    size_t n = id ? strlen(id) : 0;
+    bool ok = n > 0 && n < sizeof q->gw.caller.request_id;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (id[i] >= 'a' && id[i] <= 'z') || (id[i] >= 'A' && id[i] <= 'Z') || (id[i] >= '0' && id[i] <= '9') ||
+             strchr("-_.:", id[i]);
+    if (ok)
+        memcpy(q->gw.caller.request_id, id, n + 1);
+    else
+        snprintf(q->gw.caller.request_id, sizeof q->gw.caller.request_id, "req_%016llx",
+                 (unsigned long long)sb__srv_random(srv));
+}
+
+/* What Access-Control-Allow-Origin says to this Origin under --cors
+ * ("*", or a comma-separated list of origins), or NULL. */
+static const char *cors_origin(const sb_srv *srv, const char *origin) {
+    const char *list = srv->p.cors;
+    if (!list || !origin)
+        return NULL;
+    if (strcmp(list, "*") == 0)
+        return "*";
+    size_t ol = strlen(origin);
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n == ol && strncmp(p, origin, n) == 0)
+            return origin;
+        p += n + (p[n] == ',');
+    }
+    return NULL;
+}
+
+/* A browser's preflight OPTIONS: which methods and headers it may send. */
+static enum MHD_Result respond_preflight(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    if (q->origin) {
+        const char *asked = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        bool sane = asked && strlen(asked) < 1024;
+        for (const char *c = asked; sane && *c; c++)
+            sane = *c >= 0x20 && *c < 0x7f;
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", q->route ? q->route->method : "GET, POST");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                sane ? asked : "Authorization, Content-Type, x-api-key, x-request-id");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    }
+    return respond(srv, conn, q, "OPTIONS", url, MHD_HTTP_NO_CONTENT, r);
+}
+
+static sb_gw_route gateway_route(sb_srv_endpoint ep) {
+    switch (ep) {
+    case SB_SRV_EP_CHAT:
+    case SB_SRV_EP_COMPLETIONS:
+    case SB_SRV_EP_EMBEDDINGS:
+    case SB_SRV_EP_MODELS:
+    case SB_SRV_EP_PROMPTS:
+        return SB_GW_ROUTE_MODEL;
+    case SB_SRV_EP_ADMIN:
+        return SB_GW_ROUTE_ADMIN;
+    case SB_SRV_EP_METRICS:
+        return SB_GW_ROUTE_METRICS;
+    default:
+        return SB_GW_ROUTE_OPEN;
+    }
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size,
                                   void **con_cls) {
@@ -358,6 +487,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_NO;
         *con_cls = q;
         q->t_start = now_s();
+        set_request_id(srv, conn, q);
+        q->origin = cors_origin(srv, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin"));
         q->route = find_route(url);
         q->ep = q->route ? q->route->ep : SB_SRV_EP_OTHER;
         /* HEAD on a GET route answers as GET; libmicrohttpd leaves the body out. */
@@ -427,11 +558,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                        method, sb_oai_quote(url, strlen(url), 200, quoted, sizeof quoted));
         return respond_error(srv, conn, q, method, url, &e);
     }
+    if (srv->p.cors && strcmp(method, "OPTIONS") == 0)
+        return respond_preflight(srv, conn, q, url);
     if (!q->method_ok) {
         sb_oai_err_set(&e, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", NULL,
                        "%.20s is not allowed on %.200s; use %s", method, url, q->route->method);
         return respond_error(srv, conn, q, method, url, &e);
     }
+    if (!sb_gw_authenticate(srv->gw, gateway_route(q->ep),
+                            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
+                            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key"), &q->gw))
+        return respond_refusal(srv, conn, q, method, url);
+    if (gateway_route(q->ep) != SB_GW_ROUTE_MODEL || q->ep == SB_SRV_EP_MODELS || q->ep == SB_SRV_EP_PROMPTS)
+        sb_gw_describe(srv->gw, &q->gw);
     return q->route->fn(srv, conn, q, url);
 }
 
@@ -508,6 +647,14 @@ sb_status sb_srv_start(const sb_srv_params *params, sb_srv **out, sb_error *err)
     atomic_init(&srv->counter, 0);
     atomic_init(&srv->ready, false);
     sb_srv_metrics_init(&srv->metrics);
+    sb_gw_params gp = {.state_dir = params->state_dir, .auth = params->auth, .redis_url = params->redis,
+                       .tiers = params->tiers, .metrics_auth = params->metrics_auth, .log = params->log,
+                       .log_user = params->log_user};
+    sb_status gst = sb_gw_create(&gp, &srv->gw, err);
+    if (gst != SB_OK) {
+        sb_srv_stop(srv);
+        return gst;
+    }
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
     char port[8];
@@ -598,6 +745,7 @@ void sb_srv_stop(sb_srv *srv) {
     sb_srv_door_free(srv->door);
     sb_registry_free(srv->reg);
     sb_executor_free(srv->exec);
+    sb_gw_free(srv->gw);
     sb_srv_metrics_destroy(&srv->metrics);
     sb_free(srv);
 }

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "gateway/gateway.h"
 #include "switchboard.h"
 
 typedef struct sb_srv sb_srv;
@@ -37,6 +38,13 @@ typedef struct sb_srv_params {
     uint32_t header_timeout_s; /* a new connection's request head must arrive within this (else 408) */
     uint32_t body_timeout_s;   /* a request body must arrive within this of its head (else closed) */
     uint32_t max_connections;  /* open connections; more are refused with 503 */
+    /* The gateway (src/gateway/gateway.h, docs/GATEWAY.md). */
+    const char *state_dir;     /* keys.db and the other state; NULL: sb_gw_default_state_dir() */
+    sb_gw_auth auth;           /* SB_GW_AUTH_AUTO: required while any key exists, else off */
+    const char *redis;         /* redis://host:port: rate limits shared by replicas; NULL: local */
+    const char *tiers;         /* NAME:PRIORITY[:MAX_IN_FLIGHT],...; NULL: paid:10,free:0,batch:-10 */
+    const char *cors;          /* allowed browser origins, comma-separated, or "*"; NULL: no CORS */
+    bool metrics_auth;         /* /metrics needs an admin key */
     /* Receives one line per request and per notable event (no newline);
      * called from connection threads. NULL: silent. */
     void (*log)(void *user, const char *line);
