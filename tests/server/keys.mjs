@@ -14,31 +14,11 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { BIN, MODEL_ID, startServer, postJSON, rawExchange, sleep } from './lib/harness.mjs';
+import { BIN, MODEL_ID, startServer, rawExchange, sleep } from './lib/harness.mjs';
+import { complete, createKey, get, keysCli } from './lib/gateway.mjs';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sb-gwadmit-keys-'));
 after(() => fs.rmSync(dir, { recursive: true, force: true }));
-
-export function keysCli(stateDir, args) {
-  const r = spawnSync(BIN, ['keys', ...args, '--state-dir', stateDir], { encoding: 'utf8' });
-  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
-}
-
-// Creates a key and returns the raw key: the last line of create's output.
-export function createKey(stateDir, name, extra = []) {
-  const r = keysCli(stateDir, ['create', '--name', name, ...extra]);
-  assert.equal(r.status, 0, r.stderr);
-  const lines = r.stdout.trimEnd().split('\n');
-  const key = lines[lines.length - 1];
-  assert.match(key, /^sk-sb-[0-9a-f]{48}$/);
-  return key;
-}
-
-const complete = (url, key, extra = {}, headers = {}) =>
-  postJSON(`${url}/v1/completions`, { model: MODEL_ID, prompt: 'Once upon a time', max_tokens: 4, temperature: 0, ...extra }, {
-    headers: { 'content-type': 'application/json', ...(key ? { authorization: `Bearer ${key}` } : {}), ...headers },
-  });
-const get = (url, p, key) => fetch(`${url}${p}`, { headers: key ? { authorization: `Bearer ${key}` } : {} });
 
 test('keys: create, use, disable live, expire, 401 bodies alike, 403 model, admin routes, /health open', async () => {
   const state = path.join(dir, 'state');
