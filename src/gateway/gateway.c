@@ -225,12 +225,10 @@ bool sb_gw_admit(sb_gw *gw, sb_gw_request *req, const char *model, int64_t token
                       req->key.models);
     sb_gw_tier *tier = sb_gw_tiers_find(&gw->tiers, req->caller.tier);
     SB_ASSERT(tier);
-    if (!sb_gw_tier_enter(tier)) {
-        add_header(v, "Retry-After", "1");
+    if (!sb_gw_tier_enter(tier)) /* the server's 503 answer adds Retry-After */
         return refuse(v, 503, "server_error", "server_busy",
                       "The server holds %d requests of the tier '%s', its most (--tiers); retry shortly.",
                       tier->max_in_flight, tier->name);
-    }
     if (req->keyed) {
         sb_gw_limit_verdict lv;
         sb_gw_limit_spec spec = spec_of(&req->key);
