@@ -237,12 +237,14 @@ bool sb_gw_admit(sb_gw *gw, sb_gw_request *req, const char *model, int64_t token
         if (!lv.admitted) {
             sb_gw_tier_leave(tier);
             if (lv.never)
-                return refuse(v, 429, "requests", "rate_limit_exceeded",
+                return refuse(v, 429, "tokens", "rate_limit_exceeded",
                               "Request too large for the key '%s': it may need %" PRId64
                               " tokens and the key's limit is %" PRId64 " tokens per minute. Lower max_tokens.",
                               req->key.name, tokens, req->key.tpm);
             add_header(v, "Retry-After", "%" PRId64, (lv.retry_after_us + 999999) / 1000000);
-            return refuse(v, 429, "requests", "rate_limit_exceeded",
+            /* OpenAI's type says which limit it was: an empty request bucket, else the tokens. */
+            return refuse(v, 429, lv.limits_requests && lv.remaining_requests == 0 ? "requests" : "tokens",
+                          "rate_limit_exceeded",
                           "Rate limit reached for the key '%s' (%" PRId64 " requests per second, %" PRId64
                           " per minute, %" PRId64 " tokens per minute; 0: none); this request needs %" PRId64
                           " tokens. Retry in %.3f s.",

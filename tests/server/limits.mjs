@@ -62,6 +62,7 @@ test('a 429 says when to retry, and the retry then succeeds (requests and tokens
     for (let i = 0; i < 5; i++) assert.equal((await complete(srv.url, rps, { max_tokens: 1 })).status, 200);
     const r = await complete(srv.url, rps, { max_tokens: 1 });
     assert.equal(r.status, 429);
+    assert.equal(r.json.error.type, 'requests');
     const after = Number(r.headers.get('retry-after'));
     assert.equal(after, 1);
     await sleep(after * 1000);
@@ -82,6 +83,7 @@ test('a 429 says when to retry, and the retry then succeeds (requests and tokens
     const big = { max_tokens: left + 5 - prompt };
     const refused = await complete(srv.url, tpm, big);
     assert.equal(refused.status, 429, refused.text);
+    assert.equal(refused.json.error.type, 'tokens');
     const wait = Number(refused.headers.get('retry-after'));
     assert.ok(wait >= 1 && wait <= 2, `Retry-After ${wait}`);
     assert.match(refused.headers.get('x-ratelimit-reset-tokens'), /^(\d+(\.\d+)?s|\d+ms)$/);
