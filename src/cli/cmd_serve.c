@@ -25,9 +25,14 @@ static const char serve_usage[] =
     "                         [--max-batch-tokens N] [--max-body BYTES] [--max-queue N]\n"
     "                         [--timeout SECONDS] [--cache-type f32|f16|q8_0 (f16)] [--quiet]\n"
     "                         [--max-connections N (1024)] [--header-timeout SECONDS (10)] [--body-timeout SECONDS (60)]\n"
-    "                         [--state-dir DIR (usage.db, /v1/files and /v1/batches; none: off)] [--max-file-bytes SIZE (512M)]\n"
+    "                         [--state-dir DIR (keys.db; with it given also usage.db, /v1/files, /v1/batches)]\n"
+    "                         [--max-file-bytes SIZE (512M)] [--request-log FILE] [--request-log-max-bytes SIZE (64M)]\n"
     "                         [--cache off|memory|redis://HOST:PORT (off)] [--cache-bytes SIZE (256M)] [--cache-ttl DURATION (1h)]\n"
-    "                         [--request-log FILE] [--request-log-max-bytes SIZE (64M)] [--log-prompts]\n";
+    "                         [--log-prompts] [--auth off|optional|required (required while any key exists, else off)]\n"
+    "                         [--redis redis://HOST:PORT (rate limits shared by replicas)] [--metrics-auth]\n"
+    "                         [--tiers NAME:PRIORITY[:MAX_IN_FLIGHT],... (paid:10,free:0,batch:-10)] [--cors ORIGINS|*]\n"
+    "  without --state-dir keys live in $XDG_STATE_HOME/switchboard (else ~/.local/state/switchboard)\n"
+    "  keys, limits, tiers, cache and usage: switchboard keys --help, docs/GATEWAY.md\n";
 
 /* "8G", "512M", "100000": bytes; exits with a usage error otherwise. */
 static size_t parse_size(const char *opt, const char *v) {
@@ -122,6 +127,16 @@ int sb_cmd_serve(int argc, char **argv) {
             p.body_timeout_s = (uint32_t)sb_cli_int("--body-timeout", v, 1, 86400);
         else if (strcmp(argv[i], "--quiet") == 0)
             quiet = true;
+        else if (sb_cli_opt(argc, argv, &i, "--redis", &p.redis) ||
+                 sb_cli_opt(argc, argv, &i, "--tiers", &p.tiers) || sb_cli_opt(argc, argv, &i, "--cors", &p.cors))
+            continue;
+        else if (sb_cli_opt(argc, argv, &i, "--auth", &v)) {
+            if (!sb_gw_parse_auth(v, &p.auth)) {
+                fprintf(stderr, "switchboard serve: --auth '%s': use off, optional or required\n", v);
+                return SB_EXIT_USAGE;
+            }
+        } else if (strcmp(argv[i], "--metrics-auth") == 0)
+            p.metrics_auth = true;
         else {
             fprintf(stderr, "switchboard serve: unknown option '%s'\n%s", argv[i], serve_usage);
             return SB_EXIT_USAGE;

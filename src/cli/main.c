@@ -27,8 +27,14 @@ static const char usage[] =
     "  serve      OpenAI-compatible HTTP server:  serve -m FILE [--host 127.0.0.1] [--port 8080] [--ctx N]\n"
     "             [--parallel N] [--threads N] [--alias NAME] [--max-batch-tokens N] [--max-body BYTES]\n"
     "             [--max-queue N] [--timeout SECONDS] [--cache-type f32|f16|q8_0] [--quiet]\n"
+    "             [--state-dir DIR] [--auth off|optional|required] [--redis redis://HOST:PORT] [--tiers SPEC]\n"
+    "             [--cors ORIGINS] [--metrics-auth]   (keys, limits, tiers: docs/GATEWAY.md)\n"
     "  batch      run an OpenAI batch file, durably (a rerun resumes):  batch IN.jsonl -o OUT.jsonl\n"
     "             (-m FILE | --models REGISTRY) [--state-dir DIR] [--parallel N] [--threads N] [--quiet]\n"
+    "  keys       API keys of a state directory (serve --state-dir):  keys create --name N [--tier T] [--rps N]\n"
+    "             [--rpm N] [--tpm N] [--models a,b] [--expires DATE|+30d] [--admin] [--tiers SPEC] |\n"
+    "             keys list | keys disable|enable|delete NAME   (each with [--state-dir DIR]; default\n"
+    "             $XDG_STATE_HOME/switchboard, else ~/.local/state/switchboard; create prints the key last)\n"
     "  info       print the metadata and tensor table of a GGUF file:  info FILE\n"
     "  tokenize   print token ids as a JSON array:  tokenize -m FILE [--no-bos] [--special] [--pieces] [--] TEXT\n"
     "  template   render a chat template:  template (-m FILE | --file T.jinja | --builtin NAME) --messages M.json\n"
@@ -161,6 +167,7 @@ int sb_cmd_serve(int argc, char **argv); /* cmd_serve.c */
 int sb_cmd_quantize(int argc, char **argv); /* cmd_quantize.c */
 int sb_cmd_usage(int argc, char **argv);    /* cmd_usage.c */
 int sb_cmd_batch(int argc, char **argv); /* cmd_batch.c */
+int sb_cmd_keys(int argc, char **argv); /* cmd_keys.c */
 
 /* The library's diagnostics, as the CLI's own: on stderr, one line each. */
 static void log_line(void *user, int level, const char *line) {
@@ -186,6 +193,7 @@ int main(int argc, char **argv) {
         {"quantize", sb_cmd_quantize},
         {"usage", sb_cmd_usage},
         {"batch", sb_cmd_batch},
+        {"keys", sb_cmd_keys},
     };
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fputs(usage, argc < 2 ? stderr : stdout);

@@ -28,10 +28,27 @@ sb_status sb_db_exec(sqlite3 *db, const char *sql, sb_error *err) {
     return SB_OK;
 }
 
+/* mkdir -p: the default state directory (~/.local/state/switchboard) may
+ * be the first thing under ~/.local. Parents get 0700 too. */
+static int make_dirs(const char *dir) {
+    char p[4096];
+    if ((size_t)snprintf(p, sizeof p, "%s", dir) >= sizeof p)
+        return ENAMETOOLONG;
+    for (char *c = p + 1; *c; c++)
+        if (*c == '/') {
+            *c = '\0';
+            if (mkdir(p, 0700) != 0 && errno != EEXIST)
+                return errno;
+            *c = '/';
+        }
+    return mkdir(p, 0700) != 0 && errno != EEXIST ? errno : 0;
+}
+
 sb_status sb_db_open(const char *dir, const char *file, const char *schema, sqlite3 **out, sb_error *err) {
     *out = NULL;
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
-        return sb_fail(err, SB_ERR_IO, "%s: cannot create the state directory: %s", dir, strerror(errno));
+    int e = make_dirs(dir);
+    if (e)
+        return sb_fail(err, SB_ERR_IO, "%s: cannot create the state directory: %s", dir, strerror(e));
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, file) >= sizeof path)
         return sb_fail(err, SB_ERR_INVALID_ARG, "%s: the state directory's path is too long", dir);

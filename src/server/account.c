@@ -700,7 +700,9 @@ static void flush(sb_srv_account *A) {
 
 sb_status sb_srv_account_start(sb_srv *srv, sb_error *err) {
     const sb_srv_params *p = &srv->p;
-    bool cache = p->cache && strcmp(p->cache, "off") != 0;
+    /* --redis alone shares the cache through it as well as the limits. */
+    const char *backend = p->cache ? p->cache : p->redis;
+    bool cache = backend && strcmp(backend, "off") != 0;
     if (!cache && !p->state_dir && !p->request_log)
         return SB_OK;
     sb_srv_account *A = sb_calloc(1, sizeof *A);
@@ -715,7 +717,7 @@ sb_status sb_srv_account_start(sb_srv *srv, sb_error *err) {
     sb_status st = SB_OK;
     if (cache) {
         sb_gw_cache_params cp = sb_gw_cache_default_params();
-        cp.backend = p->cache;
+        cp.backend = backend;
         if (p->cache_bytes)
             cp.max_bytes = p->cache_bytes;
         if (p->cache_ttl_ms)

@@ -62,12 +62,9 @@ static int64_t now_unix(void) { return (int64_t)time(NULL); }
 
 /* ---- who asks ---------------------------------------------------------- */
 
-/* The caller of an HTTP request: the gateway's admission fills it (issue
- * 14: keys and tiers); until it does every request is anonymous, owner "". */
-static void caller_of(struct MHD_Connection *conn, sb_gw_caller *out) {
-    (void)conn;
-    memset(out, 0, sizeof *out);
-}
+/* The caller of an HTTP request, as the gateway authenticated it: its key
+ * name owns the files and batches it makes ("" anonymous, auth off). */
+static void caller_of(const sb_srv_http *q, sb_gw_caller *out) { *out = *sb__srv_http_caller(q); }
 
 /* ---- answers ------------------------------------------------------------ */
 
@@ -422,7 +419,7 @@ enum MHD_Result sb__srv_files_create(sb_srv *srv, struct MHD_Connection *conn, s
     if (!check_jsonl(u->tmp, why, sizeof why))
         return respond_fail(srv, conn, q, url, MHD_HTTP_BAD_REQUEST, "invalid_file_format", "file", "%s", why);
     sb_gw_caller caller;
-    caller_of(conn, &caller);
+    caller_of(q, &caller);
     sb_batch_file f = {.bytes = u->bytes, .created_at = now_unix()};
     random_id(srv, "file-", f.id, sizeof f.id);
     snprintf(f.owner, sizeof f.owner, "%s", caller.key);
@@ -444,7 +441,7 @@ enum MHD_Result sb__srv_files_list(sb_srv *srv, struct MHD_Connection *conn, sb_
     if (!usable(srv, conn, q, url, &r) || !query_limit(srv, conn, q, url, 10000, 10000, &limit, &r))
         return r;
     sb_gw_caller caller;
-    caller_of(conn, &caller);
+    caller_of(q, &caller);
     sb_batch_file *files;
     int32_t n;
     bool more;
@@ -472,7 +469,7 @@ enum MHD_Result sb__srv_files_get(sb_srv *srv, struct MHD_Connection *conn, sb_s
         return respond_fail(srv, conn, q, url, MHD_HTTP_NOT_FOUND, "unknown_url", NULL,
                             "Invalid URL (GET %.200s): use /v1/files/{id} or /v1/files/{id}/content", url);
     sb_gw_caller caller;
-    caller_of(conn, &caller);
+    caller_of(q, &caller);
     sb_batch_file f;
     sb_error err;
     sb_status st = sb_batch_file_get(srv->batches->store, id, caller.key, &f, &err);
@@ -507,7 +504,7 @@ enum MHD_Result sb__srv_files_delete(sb_srv *srv, struct MHD_Connection *conn, s
         return respond_fail(srv, conn, q, url, MHD_HTTP_NOT_FOUND, "unknown_url", NULL,
                             "Invalid URL (DELETE %.200s): use /v1/files/{id}", url);
     sb_gw_caller caller;
-    caller_of(conn, &caller);
+    caller_of(q, &caller);
     sb_error err;
     sb_status st = sb_batch_file_delete(srv->batches->store, id, caller.key, &err);
     if (st != SB_OK)
@@ -586,7 +583,7 @@ enum MHD_Result sb__srv_batches_create(sb_srv *srv, struct MHD_Connection *conn,
         return respond_fail(srv, conn, q, url, MHD_HTTP_BAD_REQUEST, "invalid_value", param, "%s", why);
     }
     sb_gw_caller caller;
-    caller_of(conn, &caller);
+    caller_of(q, &caller);
     sb_batch_file f;
     sb_error err;
     sb_status st = sb_batch_file_get(srv->batches->store, input_file_id, caller.key, &f, &err);
@@ -633,7 +630,7 @@ enum MHD_Result sb__srv_batches_list(sb_srv *srv, struct MHD_Connection *conn, s
     if (!usable(srv, conn, q, url, &r) || !query_limit(srv, conn, q, url, 20, 100, &limit, &r))
         return r;
     sb_gw_caller caller;
-    caller_of(conn, &caller);
+    caller_of(q, &caller);
     sb_batch_job *jobs;
     int32_t n;
     bool more;
@@ -661,7 +658,7 @@ static bool owned_batch(sb_srv *srv, struct MHD_Connection *conn, sb_srv_http *q
         return false;
     }
     sb_gw_caller caller;
-    caller_of(conn, &caller);
+    caller_of(q, &caller);
     sb_error err;
     sb_status st = sb_batch_job_get(srv->batches->store, id, out, &err);
     if (st == SB_OK && strcmp(out->owner, caller.key) != 0) {

@@ -56,8 +56,37 @@ static double mono_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* What the token bucket holds for a request while it runs: every prompt
+ * once (as usage counts them) and each choice's most tokens to generate. */
+static int64_t tokens_reserved(const sb_oai_req *req) {
+    int64_t prompt = 0, longest = 0;
+    for (int32_t p = 0; p < req->n_prompts; p++) {
+        prompt += req->prompt_lens[p];
+        longest = SB_MAX(longest, req->prompt_lens[p]);
+    }
+    if (req->kind == SB_OAI_EMBEDDING)
+        return prompt;
+    int64_t gen = req->max_tokens > 0 ? req->max_tokens : SB_MAX(sb_reg_lease_n_ctx(req->lease) - longest, 0);
+    return prompt + gen * req->n_choices;
+}
+
+int64_t sb__srv_tokens_used(const sb_oai_resp *resp) {
+    int64_t used = 0;
+    for (int32_t i = 0; resp->choices && i < resp->req->n_choices; i++)
+        used += resp->choices[i].n_generated + (i % resp->req->n == 0 ? resp->choices[i].n_prompt : 0);
+    return used;
+}
+
+/* Admission's refusal (403, 429, 503) as the call's answer; its headers
+ * (Retry-After, x-ratelimit-*) are in gw->verdict for the HTTP layer. */
+static bool refused(sb_srv_call *c, const sb_gw_verdict *v) {
+    sb_oai_err e;
+    sb_oai_err_set(&e, v->status, v->type, v->code, NULL, "%s", v->message);
+    return call_error(c, &e);
+}
+
 bool sb__srv_call_start(sb_srv *srv, sb_oai_kind kind, const char *body, size_t len, const sb_gw_caller *caller,
-                        int client_fd, bool may_stream, double t_start, sb_srv_call *c) {
+                        sb_gw_request *gw, int client_fd, bool may_stream, double t_start, sb_srv_call *c) {
     memset(c, 0, sizeof *c);
     if (t_start <= 0)
         t_start = mono_s();
@@ -71,8 +100,15 @@ bool sb__srv_call_start(sb_srv *srv, sb_oai_kind kind, const char *body, size_t 
         sb_srv_acct_refused(srv, kind, caller ? caller : &c->req.caller, body, len, t_start, e.status);
         return call_error(c, &e);
     }
-    if (caller)
+    if (gw) {
+        if (!sb_gw_admit(srv->gw, gw, sb_reg_lease_name(c->req.lease), tokens_reserved(&c->req))) {
+            sb_srv_acct_refused(srv, kind, &gw->caller, body, len, t_start, gw->verdict.status);
+            return refused(c, &gw->verdict);
+        }
+        c->req.caller = gw->caller;
+    } else if (caller) {
         c->req.caller = *caller;
+    }
     if (c->req.stream && !may_stream) {
         sb_oai_err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_value", "stream",
                        "\"stream\": true is not supported here (a batch request gets its whole answer)");
@@ -121,11 +157,13 @@ bool sb__srv_call_finish(sb_srv *srv, sb_srv_call *c, bool *gone) {
         call_error(c, &e);
     ok = !c->body.failed;
 done:
+    c->tokens_used = sb__srv_tokens_used(&resp);
     sb_oai_resp_free(&resp);
     return ok;
 }
 
-void sb__srv_call_free(sb_srv_call *c) {
+void sb__srv_call_free(sb_srv *srv, sb_srv_call *c) {
+    sb_gw_settle(srv->gw, &c->req.caller, c->tokens_used); /* a no-op unless admitted */
     sb_srv_acct_end(c->acct, c->status);
     sb_srv_gen_release(c->gen);
     sb_oai_req_free(&c->req);
@@ -147,20 +185,20 @@ sb_status sb_srv_execute(sb_srv *srv, const char *url_path, const char *body, si
                        sb_oai_quote(url_path ? url_path : "", url_path ? strlen(url_path) : 0, 200, quoted,
                                     sizeof quoted));
         call_error(&c, &e);
-    } else if (sb__srv_call_start(srv, kind, body, len, caller, -1, false, 0, &c)) {
+    } else if (sb__srv_call_start(srv, kind, body, len, caller, NULL, -1, false, 0, &c)) {
         bool gone;
         if (!sb__srv_call_finish(srv, &c, &gone)) { /* no client to go away: only memory can fail */
-            sb__srv_call_free(&c);
+            sb__srv_call_free(srv, &c);
             return sb_fail(err, SB_ERR_NOMEM, "out of memory for the answer to %s", url_path);
         }
     }
     if (c.body.failed || !c.body.p) {
-        sb__srv_call_free(&c);
+        sb__srv_call_free(srv, &c);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for the answer to %s", url_path);
     }
     *http_status = (int)c.status;
     *response_json = c.body.p; /* the buffer's allocation is the caller's now */
     c.body = (sb_srv_buf){0};
-    sb__srv_call_free(&c);
+    sb__srv_call_free(srv, &c);
     return SB_OK;
 }

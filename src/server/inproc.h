@@ -16,6 +16,7 @@
 #include <stddef.h>
 
 #include "gateway/caller.h"
+#include "gateway/gateway.h"
 #include "server/account.h"
 #include "server/buf.h"
 #include "server/gen.h"
@@ -46,23 +47,27 @@ typedef struct sb_srv_call {
     sb_srv_gen *gen;   /* submitted generations (or a cached answer's replay); a streaming caller takes this reference */
     sb_srv_acct *acct; /* cache, usage and log of this request (account.h); a streaming caller takes it */
     unsigned status;   /* HTTP status of the answer in `body` */
+    int64_t tokens_used; /* prompt and generated tokens, for the gateway's settlement */
     sb_srv_buf body;   /* the JSON answer: an error after _start fails, the result after _finish */
 } sb_srv_call;
 
-/* Parses and submits, or answers from the response cache. False: c->status
- * and c->body hold the error answer (not ready, bad body, busy). `client_fd`
+/* Parses, admits (with `gw`, an HTTP request's authenticated admission
+ * state: 403, 429 or 503 from the gateway; NULL: `caller` as it is, for
+ * in-process callers, or anonymous when NULL too) and submits, or answers
+ * from the response cache. False: c->status and c->body hold the error
+ * answer (not ready, bad body, refused, busy). `client_fd`
  * (-1: none) is watched for the client hanging up; `may_stream` false
  * refuses "stream": true; `t_start` (monotonic seconds, 0: now) is when the
  * request arrived, for its latency. */
 bool sb__srv_call_start(sb_srv *srv, sb_oai_kind kind, const char *body, size_t len, const sb_gw_caller *caller,
-                        int client_fd, bool may_stream, double t_start, sb_srv_call *c);
+                        sb_gw_request *gw, int client_fd, bool may_stream, double t_start, sb_srv_call *c);
 /* Not streaming: waits for every event and renders the answer into
  * c->status and c->body (the result, or the error of a failed choice).
  * False when there is nothing to answer: the client went away (the
  * generations are cancelled) or memory ran out. */
 bool sb__srv_call_finish(sb_srv *srv, sb_srv_call *c, bool *gone);
 /* Ends the request's accounting with c->status (call it once the answer is
- * queued) and frees. */
-void sb__srv_call_free(sb_srv_call *c);
+ * queued), settles its tokens with the gateway, and frees. */
+void sb__srv_call_free(sb_srv *srv, sb_srv_call *c);
 
 #endif

@@ -38,6 +38,7 @@ struct sb_srv {
     sb_registry *reg;
 
     sb_srv_metrics metrics;
+    struct sb_gw *gw;     /* admission: keys, limits, tiers (src/gateway/gateway.h) */
     atomic_uint_fast64_t counter; /* ids and default seeds */
     uint64_t salt;                /* mixed into ids and default seeds */
     struct sb_srv_account *account; /* cache, usage, request log (account.c); NULL when all are off */
@@ -58,10 +59,16 @@ enum MHD_Result sb__srv_respond_not_ready(sb_srv *srv, struct MHD_Connection *co
 const sb_srv_buf *sb__srv_http_body(const sb_srv_http *q);
 /* An upload route's state: set on its first chunk, freed with the request. */
 void *sb__srv_http_upload(const sb_srv_http *q);
+/* Who sends it (after authentication: the key's name, "" anonymous). */
+const sb_gw_caller *sb__srv_http_caller(const sb_srv_http *q);
 void sb__srv_http_set_upload(sb_srv_http *q, void *state, void (*free_fn)(void *));
 
 /* A fresh pseudo-random 64-bit number (distinct per call). */
 uint64_t sb__srv_random(sb_srv *srv);
+/* Tokens a finished request used, as its usage counts them (the
+ * gateway's settlement). */
+struct sb_oai_resp;
+int64_t sb__srv_tokens_used(const struct sb_oai_resp *resp);
 /* Logs one printf-style line through params.log. */
 void sb__srv_log(sb_srv *srv, const char *fmt, ...) SB_PRINTF(2, 3);
 

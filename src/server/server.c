@@ -25,6 +25,7 @@
 #include <microhttpd.h>
 
 #include "base/base.h"
+#include "gateway/gateway.h"
 #include "model/model.h"
 #include "server/account.h"
 #include "server/admin.h"
@@ -85,6 +86,9 @@ typedef struct sb_srv_http {
     double t_start;
     void *upload;                     /* an upload route's state (batches.c), freed by upload_free */
     void (*upload_free)(void *upload);
+    sb_gw_request gw;    /* who calls, what admission said (src/gateway/) */
+    int8_t auth;         /* its key checked: 0 not yet, 1 passed, -1 refused (gw.verdict says why) */
+    const char *origin;  /* the Origin header when --cors allows it, else NULL */
 } http_req;
 
 typedef enum MHD_Result (*handler_fn)(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url);
@@ -99,11 +103,29 @@ struct route {
     handler_fn fn;
 };
 
+/* What every answer carries: its request id, CORS for an allowed origin,
+ * and for a keyed request the x-ratelimit-* headers (and Retry-After). */
+static void add_gateway_headers(const http_req *q, struct MHD_Response *r) {
+    MHD_add_response_header(r, "x-request-id", q->gw.caller.request_id);
+    if (q->origin) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", q->origin);
+        MHD_add_response_header(r, "Access-Control-Expose-Headers",
+                                "x-request-id, x-switchboard-model, x-switchboard-fallback, retry-after, "
+                                "x-ratelimit-limit-requests, x-ratelimit-remaining-requests, x-ratelimit-reset-requests, "
+                                "x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens");
+        if (strcmp(q->origin, "*") != 0)
+            MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Origin");
+    }
+    for (int i = 0; i < q->gw.verdict.n_headers; i++)
+        MHD_add_response_header(r, q->gw.verdict.headers[i].name, q->gw.verdict.headers[i].value);
+}
+
 /* Queues `response` with `status`, counts and logs it. Consumes the response. */
 static enum MHD_Result respond(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *method,
                                const char *url, unsigned status, struct MHD_Response *response) {
     if (!response)
         return MHD_NO;
+    add_gateway_headers(q, response);
     if (q->close || sb_srv_door_busy(srv->door)) /* under load the next request comes through the door */
         MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result r = MHD_queue_response(conn, status, response);
@@ -148,6 +170,15 @@ static enum MHD_Result respond_error(sb_srv *srv, struct MHD_Connection *conn, h
     return r;
 }
 
+/* The gateway's refusal (401, 403, 429, 503) as an OpenAI error. */
+static enum MHD_Result respond_refusal(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *method,
+                                       const char *url) {
+    const sb_gw_verdict *v = &q->gw.verdict;
+    sb_oai_err e;
+    sb_oai_err_set(&e, v->status, v->type, v->code, NULL, "%s", v->message);
+    return respond_error(srv, conn, q, method, url, &e);
+}
+
 static enum MHD_Result respond_not_ready(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
     sb_oai_err e;
     sb_oai_err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "model_loading", NULL,
@@ -178,6 +209,7 @@ enum MHD_Result sb__srv_respond_not_ready(sb_srv *srv, struct MHD_Connection *co
 const sb_srv_buf *sb__srv_http_body(const sb_srv_http *q) { return &q->body; }
 
 void *sb__srv_http_upload(const sb_srv_http *q) { return q->upload; }
+const sb_gw_caller *sb__srv_http_caller(const sb_srv_http *q) { return &q->gw.caller; }
 
 void sb__srv_http_set_upload(sb_srv_http *q, void *state, void (*free_fn)(void *)) {
     q->upload = state;
@@ -216,6 +248,7 @@ static enum MHD_Result handle_metrics(sb_srv *srv, struct MHD_Connection *conn, 
     sb_srv_buf_free(&b);
     if (!r)
         return MHD_NO;
+    add_gateway_headers(q, r);
     enum MHD_Result res = MHD_queue_response(conn, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
     q->answered = true;
@@ -288,7 +321,8 @@ static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn,
                                                                                            : SB_OAI_EMBEDDING;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     sb_srv_call c;
-    bool ok = sb__srv_call_start(srv, kind, q->body.p, q->body.len, NULL, ci ? ci->connect_fd : -1, true, q->t_start, &c);
+    bool ok = sb__srv_call_start(srv, kind, q->body.p, q->body.len, NULL, &q->gw, ci ? ci->connect_fd : -1, true,
+                                 q->t_start, &c);
     sb_srv_buf_free(&q->body); /* not needed any more: do not hold it during generation */
     enum MHD_Result result;
     bool gone = false;
@@ -314,7 +348,7 @@ static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn,
     } else {
         result = respond_error_json(srv, conn, q, "POST", url, c.status, &c.body);
     }
-    sb__srv_call_free(&c); /* after the answer is queued: its usage and log line follow it */
+    sb__srv_call_free(srv, &c); /* after the answer is queued: its usage and log line follow it */
     return result;
 }
 
@@ -325,7 +359,7 @@ static enum MHD_Result handle_usage(sb_srv *srv, struct MHD_Connection *conn, ht
                *since = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "since");
     sb_srv_buf b = {0};
     sb_oai_err e;
-    const char *key = q->ep == SB_SRV_EP_ADMIN ? NULL : ""; /* anonymous until keys exist */
+    const char *key = q->ep == SB_SRV_EP_ADMIN ? NULL : q->gw.caller.key; /* "": anonymous */
     enum MHD_Result r = sb_srv_account_usage(srv, key, by, since, &b, &e) ? respond_json(srv, conn, q, "GET", url, 200, &b)
                                                                           : respond_error(srv, conn, q, "GET", url, &e);
     sb_srv_buf_free(&b);
@@ -336,7 +370,7 @@ static enum MHD_Result handle_usage(sb_srv *srv, struct MHD_Connection *conn, ht
 static enum MHD_Result handle_feedback(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
     sb_srv_buf b = {0};
     sb_oai_err e;
-    enum MHD_Result r = sb_srv_account_feedback(srv, "", q->body.p, q->body.len, &b, &e)
+    enum MHD_Result r = sb_srv_account_feedback(srv, q->gw.caller.key, q->body.p, q->body.len, &b, &e)
                             ? respond_json(srv, conn, q, "POST", url, 200, &b)
                             : respond_error(srv, conn, q, "POST", url, &e);
     sb_srv_buf_free(&b);
@@ -426,6 +460,97 @@ static enum MHD_Result find_lengths(void *cls, enum MHD_ValueKind kind, const ch
     return MHD_YES;
 }
 
+/* ---- gateway: request ids, CORS, what each route needs ---------------------- */
+
+/* The client's own x-request-id when it is a sane token, else a new one. */
+static void set_request_id(sb_srv *srv, struct MHD_Connection *conn, http_req *q) {
+    const char *id = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-request-id");
+    size_t n = id ? strlen(id) : 0;
+    bool ok = n > 0 && n < sizeof q->gw.caller.request_id;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (id[i] >= 'a' && id[i] <= 'z') || (id[i] >= 'A' && id[i] <= 'Z') || (id[i] >= '0' && id[i] <= '9') ||
+             strchr("-_.:", id[i]);
+    if (ok)
+        memcpy(q->gw.caller.request_id, id, n + 1);
+    else
+        snprintf(q->gw.caller.request_id, sizeof q->gw.caller.request_id, "req_%016llx",
+                 (unsigned long long)sb__srv_random(srv));
+}
+
+/* What Access-Control-Allow-Origin says to this Origin under --cors
+ * ("*", or a comma-separated list of origins), or NULL. */
+static const char *cors_origin(const sb_srv *srv, const char *origin) {
+    const char *list = srv->p.cors;
+    if (!list || !origin)
+        return NULL;
+    if (strcmp(list, "*") == 0)
+        return "*";
+    size_t ol = strlen(origin);
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n == ol && strncmp(p, origin, n) == 0)
+            return origin;
+        p += n + (p[n] == ',');
+    }
+    return NULL;
+}
+
+/* A browser's preflight OPTIONS: which methods and headers it may send. */
+static enum MHD_Result respond_preflight(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    if (q->origin) {
+        const char *asked = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        bool sane = asked && strlen(asked) < 1024;
+        for (const char *c = asked; sane && *c; c++)
+            sane = *c >= 0x20 && *c < 0x7f;
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", q->route ? q->route->method : "GET, POST");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                sane ? asked : "Authorization, Content-Type, x-api-key, x-request-id");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    }
+    return respond(srv, conn, q, "OPTIONS", url, MHD_HTTP_NO_CONTENT, r);
+}
+
+static sb_gw_route gateway_route(sb_srv_endpoint ep) {
+    switch (ep) {
+    case SB_SRV_EP_CHAT:
+    case SB_SRV_EP_COMPLETIONS:
+    case SB_SRV_EP_EMBEDDINGS:
+    case SB_SRV_EP_MODELS:
+    case SB_SRV_EP_PROMPTS:
+    case SB_SRV_EP_USAGE:
+    case SB_SRV_EP_FEEDBACK:
+    case SB_SRV_EP_FILES:
+    case SB_SRV_EP_BATCHES:
+        return SB_GW_ROUTE_MODEL;
+    case SB_SRV_EP_ADMIN:
+        return SB_GW_ROUTE_ADMIN;
+    case SB_SRV_EP_METRICS:
+        return SB_GW_ROUTE_METRICS;
+    default:
+        return SB_GW_ROUTE_OPEN;
+    }
+}
+
+/* The routes whose requests run a model (admitted with its token estimate). */
+static bool route_generates(sb_srv_endpoint ep) {
+    return ep == SB_SRV_EP_CHAT || ep == SB_SRV_EP_COMPLETIONS || ep == SB_SRV_EP_EMBEDDINGS;
+}
+
+/* Checks the request's key once (uploads check it at their first chunk, so
+ * that a refused caller's file never reaches the disk). */
+static bool authenticated(sb_srv *srv, struct MHD_Connection *conn, http_req *q) {
+    if (q->auth == 0)
+        q->auth = sb_gw_authenticate(srv->gw, gateway_route(q->ep),
+                                     MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
+                                     MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key"), &q->gw)
+                      ? 1
+                      : -1;
+    return q->auth > 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size,
                                   void **con_cls) {
@@ -436,6 +561,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_NO;
         *con_cls = q;
         q->t_start = now_s();
+        set_request_id(srv, conn, q);
+        q->origin = cors_origin(srv, MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin"));
         q->route = find_route(url, method);
         q->ep = q->route ? q->route->ep : SB_SRV_EP_OTHER;
         q->method_ok = q->route && method_matches(q->route, method);
@@ -488,7 +615,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             sb_srv_buf_free(&q->body);
         }
         upload_fn upload = q->method_ok ? route_upload(q->route) : NULL;
-        if (!q->too_large && upload) {
+        if (upload && !authenticated(srv, conn, q)) {
+            /* dropped as it comes: the refusal follows the body */
+        } else if (!q->too_large && upload) {
             if (!upload(srv, conn, q, upload_data, *upload_size))
                 return MHD_NO;
         } else if (!q->too_large) {
@@ -513,11 +642,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                        method, sb_oai_quote(url, strlen(url), 200, quoted, sizeof quoted));
         return respond_error(srv, conn, q, method, url, &e);
     }
+    if (srv->p.cors && strcmp(method, "OPTIONS") == 0)
+        return respond_preflight(srv, conn, q, url);
     if (!q->method_ok) {
         sb_oai_err_set(&e, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", NULL,
                        "%.20s is not allowed on %.200s; use %s", method, url, q->route->method);
         return respond_error(srv, conn, q, method, url, &e);
     }
+    if (!authenticated(srv, conn, q))
+        return respond_refusal(srv, conn, q, method, url);
+    if (gateway_route(q->ep) != SB_GW_ROUTE_MODEL || !route_generates(q->ep))
+        sb_gw_describe(srv->gw, &q->gw);
     return q->route->fn(srv, conn, q, url);
 }
 
@@ -597,7 +732,12 @@ sb_status sb_srv_start(const sb_srv_params *params, sb_srv **out, sb_error *err)
     atomic_init(&srv->counter, 0);
     atomic_init(&srv->ready, false);
     sb_srv_metrics_init(&srv->metrics);
-    sb_status st = sb_srv_account_start(srv, err);
+    sb_gw_params gp = {.state_dir = params->state_dir, .auth = params->auth, .redis_url = params->redis,
+                       .tiers = params->tiers, .metrics_auth = params->metrics_auth, .log = params->log,
+                       .log_user = params->log_user};
+    sb_status st = sb_gw_create(&gp, &srv->gw, err);
+    if (st == SB_OK)
+        st = sb_srv_account_start(srv, err);
     if (st != SB_OK) {
         sb_srv_stop(srv);
         return st;
@@ -704,6 +844,7 @@ void sb_srv_stop(sb_srv *srv) {
     sb_srv_account_stop(srv); /* after the connections: their streams' ends are recorded */
     sb_registry_free(srv->reg);
     sb_executor_free(srv->exec);
+    sb_gw_free(srv->gw);
     sb_srv_metrics_destroy(&srv->metrics);
     sb_free(srv);
 }

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "gateway/gateway.h"
 #include "switchboard.h"
 
 typedef struct sb_srv sb_srv;
@@ -35,13 +36,21 @@ typedef struct sb_srv_params {
     bool no_listen;         /* bind nothing: the server serves only in-process calls (server/inproc.h) */
     sb_engine_params engine;
     size_t max_body;        /* largest request body in bytes; larger ones get 413 */
-    const char *state_dir;  /* /v1/files and /v1/batches keep their files and batch.db here, usage its usage.db;
-                               NULL: those answer 404 */
+    /* The state directory: keys.db (NULL: the keys of sb_gw_default_state_dir()),
+     * and only when given usage.db, /v1/files' files and batch.db (NULL: those
+     * routes answer 404 and no usage is recorded). */
+    const char *state_dir;
     size_t max_file_bytes;  /* largest POST /v1/files body; larger ones get 413 */
     uint32_t timeout_s;     /* idle connection timeout: slow or stalled clients are dropped */
     uint32_t header_timeout_s; /* a new connection's request head must arrive within this (else 408) */
     uint32_t body_timeout_s;   /* a request body must arrive within this of its head (else closed) */
     uint32_t max_connections;  /* open connections; more are refused with 503 */
+    /* The gateway (src/gateway/gateway.h, docs/GATEWAY.md). */
+    sb_gw_auth auth;           /* SB_GW_AUTH_AUTO: required while any key exists, else off */
+    const char *redis;         /* redis://host:port: rate limits shared by replicas; NULL: local */
+    const char *tiers;         /* NAME:PRIORITY[:MAX_IN_FLIGHT],...; NULL: paid:10,free:0,batch:-10 */
+    const char *cors;          /* allowed browser origins, comma-separated, or "*"; NULL: no CORS */
+    bool metrics_auth;         /* /metrics needs an admin key */
     /* Receives one line per request and per notable event (no newline);
      * called from connection threads. NULL: silent. */
     void (*log)(void *user, const char *line);

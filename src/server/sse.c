@@ -6,12 +6,15 @@
 #include <microhttpd.h>
 
 #include "base/base.h"
+#include "gateway/gateway.h"
+#include "server/server-impl.h"
 #include "server/sse.h"
 
 /* libmicrohttpd's buffer for one content-reader call. */
 #define SSE_BLOCK_SIZE (16 * 1024)
 
 typedef struct sse_stream {
+    sb_srv *srv;
     sb_oai_req req;
     sb_srv_gen *gen;
     sb_srv_acct *acct;
@@ -60,6 +63,7 @@ static void sse_free(void *cls) {
     if (!s->ended) /* the connection ended early: nobody wants the rest */
         sb_srv_gen_cancel(s->gen);
     sb_srv_acct_end(s->acct, s->ended ? 200 : 499);
+    sb_gw_settle(s->srv->gw, &s->req.caller, sb__srv_tokens_used(&s->resp));
     sb_srv_gen_release(s->gen);
     sb_oai_resp_free(&s->resp);
     sb_oai_req_free(&s->req);
@@ -73,9 +77,11 @@ struct MHD_Response *sb_srv_sse_response(sb_srv *srv, sb_oai_req *req, sb_srv_ge
         sb_srv_acct_end(acct, 500);
         sb_srv_gen_cancel(gen);
         sb_srv_gen_release(gen);
+        sb_gw_settle(srv->gw, &req->caller, 0);
         sb_oai_req_free(req);
         return NULL;
     }
+    s->srv = srv;
     s->req = *req;
     memset(req, 0, sizeof *req);
     s->gen = gen;

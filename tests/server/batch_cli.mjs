@@ -114,7 +114,9 @@ test('a batch killed at random moments resumes to the uninterrupted output', { t
   const doneAtStart = []; // what each run found recorded: it grows while runs are killed mid-work
   for (let attempt = 0; attempt < 12 && kills < 6; attempt++) {
     const early = attempt < 2;
-    const delay = early ? Math.random() * 30 : 20 + Math.random() * Math.max(200, refMs / 4);
+    // Each kill lands within the first eighth of an uninterrupted run's time (start-up
+    // included), so six of them cannot finish the job before the last one lands.
+    const delay = early ? Math.random() * 30 : 20 + Math.random() * Math.max(60, refMs / 8);
     const child = spawn(BIN, args(out, state), { stdio: ['ignore', 'ignore', 'pipe'] });
     let err = '';
     child.stderr.on('data', (d) => (err += d));

@@ -26,6 +26,7 @@
 
 #include "base/base.h"
 #include "gateway/clock.h"
+#include "gateway/limits.h"
 #include "gateway/redis.h"
 #include "testutil.h"
 
@@ -164,6 +165,34 @@ static void test_live(void **state) {
         assert_int_equal(jobs[i].fails, 0);
     }
     assert_int_equal(incr(r, "sbtest:counter"), 8 * 500 + 1);
+
+    /* Two limiters (two replicas) on one Redis share a key's buckets:
+     * 10 requests per second between them, the tokens too; settling on
+     * one gives back to both. */
+    sb_redis *r2 = NULL;
+    assert_int_equal(sb_redis_create(url, 200, &r2, NULL), SB_OK);
+    sb_gw_limits *la = NULL, *lb = NULL;
+    assert_int_equal(sb_gw_limits_create(r, &la, NULL), SB_OK);
+    assert_int_equal(sb_gw_limits_create(r2, &lb, NULL), SB_OK);
+    sb_gw_limit_spec spec = {.rps = 10, .tpm = 100000};
+    int admitted = 0;
+    sb_gw_limit_verdict lv;
+    for (int i = 0; i < 40; i++) {
+        sb_gw_limits_admit(i % 2 ? la : lb, "shared", &spec, 1000, 0, &lv);
+        assert_true(lv.via_redis);
+        admitted += lv.admitted;
+        if (!lv.admitted)
+            assert_true(lv.retry_after_us > 0 && lv.retry_after_us <= 100000);
+    }
+    assert_true(admitted >= 10 && admitted <= 11); /* 10, and one more if 100 ms passed meanwhile */
+    sb_gw_limits_admit(la, "shared", &(sb_gw_limit_spec){.tpm = 100000}, 0, 0, &lv);
+    int64_t before = lv.remaining_tokens;
+    sb_gw_limits_settle(lb, "shared", &(sb_gw_limit_spec){.tpm = 100000}, 1000, 10, 0);
+    sb_gw_limits_admit(la, "shared", &(sb_gw_limit_spec){.tpm = 100000}, 0, 0, &lv);
+    assert_true(lv.remaining_tokens >= before + 990);
+    sb_gw_limits_free(la);
+    sb_gw_limits_free(lb);
+    sb_redis_free(r2);
 
     /* Redis dies: the failing command is quick, then the client does not
      * even try until the backoff has passed. */
