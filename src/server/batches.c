@@ -733,11 +733,6 @@ static sb_status exec_inproc(void *user, const char *url, const char *body, size
     return sb_srv_execute(user, url, body, len, caller, status, json, err);
 }
 
-/* Each recorded result (p->last_*: its tokens): the one place where a
- * batch's tokens are to reach its owner's usage, once the gateway's usage
- * module (issue 14) is on main; until then they are only in batch.db. */
-static void on_result(void *user, const sb_batch_progress *p) { (void)user, (void)p; }
-
 /* Writes the rows of `which` (1 succeeded, 2 failed) as the file `name_suffix` of
  * the batch, *file_id its id ("" when there is no such row). */
 static sb_status write_result_file(sb_srv_batches *b, const sb_batch_job *j, int which, int64_t rows,
@@ -808,7 +803,7 @@ static void process(sb_srv_batches *b, const char *id) {
         int32_t parallel = b->srv->p.engine.n_parallel > 0 ? b->srv->p.engine.n_parallel : DEFAULT_PARALLEL;
         sb_batch_run_params rp = {
             .store = b->store, .job_id = id, .exec = exec_inproc, .exec_user = b->srv, .parallel = parallel,
-            .priority = SB_BATCH_PRIORITY, .stop = &b->interrupt, .progress = on_result, .progress_user = b,
+            .priority = SB_BATCH_PRIORITY, .stop = &b->interrupt,
         };
         if (st == SB_OK && (st = sb_batch_run(&rp, NULL, &err)) != SB_OK && !atomic_load(&b->stop)) {
             sb__srv_log(b->srv, "batch %s: failed: %s", id, err.msg);
