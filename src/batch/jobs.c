@@ -177,10 +177,7 @@ sb_status sb_batch_job_create(sb_batch_store *s, const sb_batch_job *j, const sb
     } else if (r == SB_OK) {
         r = SB_ERR_IO;
     }
-    if (r == SB_OK)
-        r = sb_db_exec(db, "COMMIT", err);
-    if (r != SB_OK)
-        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    r = sb_db_end(db, r, err);
     sb__batch_store_unlock(s);
     return r;
 }

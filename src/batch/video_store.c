@@ -249,12 +249,7 @@ sb_status sb__video_store_extracted(sb_video_store *s, const sb_video_item *v, s
     }
     sqlite3_finalize(del);
     sqlite3_finalize(ins);
-    if (!ok) {
-        st = sb_db_fail(s->db, err, "cannot record a video's keyframes");
-        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
-    } else {
-        st = sb_db_exec(s->db, "COMMIT", err);
-    }
+    st = sb_db_end(s->db, ok ? SB_OK : sb_db_fail(s->db, err, "cannot record a video's keyframes"), err);
 out:
     pthread_mutex_unlock(&s->mu);
     return st;

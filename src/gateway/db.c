@@ -44,6 +44,14 @@ static int make_dirs(const char *dir) {
     return mkdir(p, 0700) != 0 && errno != EEXIST ? errno : 0;
 }
 
+sb_status sb_db_end(sqlite3 *db, sb_status st, sb_error *err) {
+    if (st == SB_OK)
+        st = sb_db_exec(db, "COMMIT", err);
+    if (st != SB_OK) /* a failed COMMIT leaves the transaction open */
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    return st;
+}
+
 sb_status sb_db_open(const char *dir, const char *file, const char *schema, sqlite3 **out, sb_error *err) {
     *out = NULL;
     int e = make_dirs(dir);

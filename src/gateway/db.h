@@ -31,5 +31,8 @@ void sb_db_close(sqlite3 *db);
 sb_status sb_db_fail(sqlite3 *db, sb_error *err, const char *what);
 /* Runs SQL without results (BEGIN, COMMIT, a schema); errors via sb_db_fail. */
 sb_status sb_db_exec(sqlite3 *db, const char *sql, sb_error *err);
+/* Ends the transaction a BEGIN started: commits when st is SB_OK (and
+ * returns the commit's status), else rolls back and returns st. */
+sb_status sb_db_end(sqlite3 *db, sb_status st, sb_error *err);
 
 #endif

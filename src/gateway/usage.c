@@ -142,10 +142,7 @@ sb_status sb_gw_usage_record(sb_gw_usage *u, const sb_gw_usage_rec *recs, size_t
     for (size_t i = 0; st == SB_OK && i < n; i++)
         if (!add_one(u, &recs[i]))
             st = sb_db_fail(u->db, err, "cannot record usage");
-    if (st == SB_OK)
-        st = sb_db_exec(u->db, "COMMIT", err);
-    if (st != SB_OK)
-        sqlite3_exec(u->db, "ROLLBACK", NULL, NULL, NULL);
+    st = sb_db_end(u->db, st, err);
     pthread_mutex_unlock(&u->mu);
     return st;
 }
@@ -227,10 +224,7 @@ sb_status sb_gw_usage_feedback(sb_gw_usage *u, const char *id, const char *key, 
     sb_status st = sb_db_exec(u->db, "BEGIN IMMEDIATE", err);
     if (st == SB_OK)
         st = feedback_locked(u, id, key, rating, comment, model_out, err);
-    if (st == SB_OK)
-        st = sb_db_exec(u->db, "COMMIT", err);
-    if (st != SB_OK)
-        sqlite3_exec(u->db, "ROLLBACK", NULL, NULL, NULL);
+    st = sb_db_end(u->db, st, err);
     pthread_mutex_unlock(&u->mu);
     return st;
 }
