@@ -496,7 +496,8 @@ static void test_free_engine_while_others_run(void **state) {
     sb_engine_free(goes);
     for (int i = 0; i < 2; i++) {
         assert_true(doomed[i].done); /* its DONE came before free returned */
-        assert_int_equal(doomed[i].finish, SB_FINISH_CANCELLED);
+        /* Cancelled by the free, unless a fast machine filled the context first. */
+        assert_true(doomed[i].finish == SB_FINISH_CANCELLED || doomed[i].finish == SB_FINISH_LENGTH);
     }
     for (int i = 0; i < N; i++) {
         result_wait(&r[i]);
