@@ -135,7 +135,11 @@ sb_status sb_tokenize(const sb_model_t *model, const char *text, size_t len, boo
 const char *sb_token_text(const sb_model_t *model, int32_t token);
 
 /* Streaming detokenizer: feed tokens one by one and receive only complete
- * UTF-8 text; a character split across tokens is held back until whole. */
+ * UTF-8 text; a character split across tokens is held back until whole.
+ * Its output is always valid UTF-8: bytes that do not form a character
+ * (byte-fallback tokens such as <0xF8>) become U+FFFD, one per maximal
+ * ill-formed subpart, so text meant for JSON or a terminal can use it as it
+ * is. Otherwise it is exactly sb_detokenize's output, piece by piece. */
 typedef struct sb_detok sb_detok_t;
 /* `strip_leading_space`: drop the SentencePiece dummy-prefix space of the
  * first piece (true when decoding a text from its beginning). */
@@ -152,7 +156,10 @@ size_t sb_detok_flush(sb_detok_t *detok, char *out, size_t cap);
 void sb_detok_free(sb_detok_t *detok);
 
 /* Whole-sequence detokenization into a caller buffer; *n_out receives the
- * bytes needed (NUL excluded). Fails with SB_ERR_INVALID_ARG if cap <= that. */
+ * bytes needed (NUL excluded). Fails with SB_ERR_INVALID_ARG if cap <= that.
+ * The tokens' exact bytes, as llama.cpp's llama_detokenize gives them: not
+ * necessarily valid UTF-8 (byte-fallback tokens pass through as bytes), so
+ * that tokenizing the result gives the same bytes back. */
 sb_status sb_detokenize(const sb_model_t *model, const int32_t *ids, size_t n, bool strip_leading_space,
                         bool render_special, char *out, size_t cap, size_t *n_out, sb_error *err);
 
