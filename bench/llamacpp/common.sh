@@ -32,7 +32,7 @@ die() {
 # The switchboard binaries must exist: this script benchmarks a build, it does not make one.
 require_build() {
     local b
-    for b in switchboard bench_logprobs; do
+    for b in switchboard bench_logprobs bench_roofline; do
         [[ -x "$SB_BUILD/$b" ]] || die "$SB_BUILD/$b is missing: run 'make build' first (or set SB_BUILD)"
     done
     command -v node >/dev/null || die "node (>= 18) is needed for llama.cpp's side (node-llama-cpp)"

@@ -7,8 +7,11 @@
 //     A switchboard run killed by timeout (rc 124) keeps what its
 //     --progress lines say: the median of the finished repetitions, or the
 //     warm-up, or an upper bound (tokens / seconds) when not even that ended.
-//   node report.mjs table RESULTS.jsonl [DIST.json]
-//     prints the comparison table (markdown) and the distribution check.
+//   node report.mjs table RESULTS.jsonl [DIST.json] [ROOFLINE.txt]
+//     prints the comparison table (markdown) and the distribution check;
+//     with bench_roofline's output of the same run, each generation row's
+//     bandwidth bound (the file read once per token) and what each engine
+//     reaches of it.
 import fs from "node:fs";
 import path from "node:path";
 import process from "node:process";
@@ -64,7 +67,7 @@ function record(args) {
     const a = {};
     for (let i = 0; i < args.length; i += 2) a[args[i].replace(/^--/, "")] = args[i + 1];
     const row = {
-        file: path.basename(a.file), shape: a.shape, format: a.format, test: a.test, threads: Number(a.threads),
+        file: path.basename(a.file), bytes: fs.statSync(a.file).size, shape: a.shape, format: a.format, test: a.test, threads: Number(a.threads),
         load_before: a["load-before"], load_after: a["load-after"],
         llama: engineResult(readMaybe(a["llama-out"]), readMaybe(a["llama-err"]), Number(a["llama-rc"]), a.test,
             Number(a["llama-timeout"] ?? 0)),
@@ -84,12 +87,28 @@ function fmtTs(r) {
     return r.partial ? `~${s}` : s;
 }
 
-function table(resultsPath, distPath) {
+// bench_roofline's read bandwidths (GB/s) at `threads`: {dram, l3}, or null.
+function roofline(p, threads) {
+    for (const line of readMaybe(p).split("\n")) {
+        const f = line.trim().split(/\s+/).map(Number);
+        if (f.length >= 3 && f[0] === threads) return {dram: f[1], l3: f[2]};
+    }
+    return null;
+}
+
+// A generation row's bound in t/s from a bandwidth, and what share of it t_s is.
+function bound(r, gbs) {
+    if (!gbs || !r.bytes || !r.test.startsWith("tg")) return null;
+    return (gbs * 1e9) / r.bytes;
+}
+
+function table(resultsPath, distPath, rooflinePath) {
     const rows = readMaybe(resultsPath).split("\n").filter(Boolean).map((l) => JSON.parse(l));
+    const roof = rows.length ? roofline(rooflinePath, rows[0].threads) : null;
     const out = [];
-    out.push("| file | test | llama.cpp t/s | switchboard t/s | sb / llama | llama ttft ms | sb ttft ms | llama RSS MB" +
-        " | sb RSS MB | others' CPU % (llama, sb) | loadavg before -> after |");
-    out.push("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|");
+    out.push("| file | test | llama.cpp t/s | switchboard t/s | sb / llama | tg bound t/s (DRAM, L3) | of bound (llama, sb)" +
+        " | llama ttft ms | sb ttft ms | llama RSS MB | sb RSS MB | others' CPU % (llama, sb) | loadavg before -> after |");
+    out.push("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|");
     const notes = [];
     for (const r of rows) {
         const L = r.llama, S = r.switchboard;
@@ -98,7 +117,11 @@ function table(resultsPath, distPath) {
         else if (L.t_s && S.t_s_below) ratio = `< ${(S.t_s_below / L.t_s).toFixed(3)}`;
         if (S.partial && S.t_s) ratio = `~${ratio}`;
         const ms = (x) => (x == null ? "-" : x.toFixed(1));
-        out.push(`| ${r.file} | ${r.test} | ${fmtTs(L)} | ${fmtTs(S)} | ${ratio} | ${ms(L.ttft_ms)} | ${ms(S.ttft_ms)}` +
+        const bd = bound(r, roof?.dram), bl = bound(r, roof?.l3);
+        const of = (e) => (bd && e.t_s ? `${Math.round((100 * e.t_s) / bd)}%` : "-");
+        const bounds = bd ? `${bd.toFixed(1)}, ${bl.toFixed(1)}` : "-";
+        out.push(`| ${r.file} | ${r.test} | ${fmtTs(L)} | ${fmtTs(S)} | ${ratio} | ${bounds} | ${bd ? `${of(L)}, ${of(S)}` : "-"}` +
+            ` | ${ms(L.ttft_ms)} | ${ms(S.ttft_ms)}` +
             ` | ${ms(L.rss_mb)} | ${ms(S.rss_mb)} | ${L.others_cpu_pct ?? "-"}, ${S.others_cpu_pct ?? "-"}` +
             ` | ${r.load_before} -> ${r.load_after} |`);
         if (L.error) notes.push(`${r.file} ${r.test}: llama.cpp: ${L.error}`);
@@ -110,6 +133,10 @@ function table(resultsPath, distPath) {
         console.log("\nNotes:");
         for (const n of notes) console.log(`- ${n}`);
     }
+    if (roof)
+        console.log(`\ntg bound: the file's bytes read once per token at bench_roofline's ${roof.dram} GB/s (1 GiB, DRAM)` +
+            ` and ${roof.l3} GB/s (64 MiB repeated, L3) with ${rows[0].threads} threads, measured at the start of this run;` +
+            " of bound: t/s over the DRAM bound (above 100%: part of the file stays in the L3 between tokens).");
     console.log("\n~ = from the runs that finished before the time limit; < = an upper bound (the first run did not finish).");
     console.log("RSS: llama.cpp's is the node process's peak (node itself adds about 50-80 MB); switchboard's is ru_maxrss.");
     console.log("others' CPU %: the share of all cores' time that other processes used during that engine's run" +
@@ -133,8 +160,8 @@ function table(resultsPath, distPath) {
 
 const [cmd, ...rest] = process.argv.slice(2);
 if (cmd === "record") record(rest);
-else if (cmd === "table") table(rest[0], rest[1]);
+else if (cmd === "table") table(rest[0], rest[1], rest[2]);
 else {
-    console.error("usage: node report.mjs record ... | table RESULTS.jsonl [DIST.json]");
+    console.error("usage: node report.mjs record ... | table RESULTS.jsonl [DIST.json] [ROOFLINE.txt]");
     process.exit(2);
 }
