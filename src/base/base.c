@@ -4,6 +4,8 @@
  */
 #include "base.h"
 
+#include <cjson/cJSON.h>
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,14 +49,26 @@ static void libc_free(void *ptr, void *user) {
 
 static sb_allocator allocator = {libc_malloc, libc_realloc, libc_free, NULL};
 
+static _Thread_local size_t *tally;      /* see sb__alloc_measure */
+static _Thread_local uint64_t n_failed; /* see sb__alloc_failures */
+
+/* cJSON's allocations (request bodies, registry files, tool schemas) are
+ * the library's too: the hook covers them. cJSON's hooks are process-wide,
+ * like ours, so an embedder's own cJSON use follows its allocator as well. */
+static void *json_malloc(size_t size) { return sb_malloc(size); }
+static void json_free(void *ptr) { sb_free(ptr); }
+
 void sb_set_allocator(const sb_allocator *a) {
-    if (a)
+    if (a) {
         allocator = *a;
-    else
+        cJSON_InitHooks(&(cJSON_Hooks){json_malloc, json_free});
+    } else {
         allocator = (sb_allocator){libc_malloc, libc_realloc, libc_free, NULL};
+        cJSON_InitHooks(NULL);
+    }
 }
 
-static _Thread_local size_t *tally; /* see sb__alloc_measure */
+uint64_t sb__alloc_failures(void) { return n_failed; }
 
 size_t *sb__alloc_measure(size_t *t) {
     size_t *prev = tally;
@@ -65,7 +79,10 @@ size_t *sb__alloc_measure(size_t *t) {
 void *sb_malloc(size_t size) {
     if (tally)
         *tally += size;
-    return allocator.malloc_fn(size ? size : 1, allocator.user);
+    void *p = allocator.malloc_fn(size ? size : 1, allocator.user);
+    if (!p)
+        n_failed++;
+    return p;
 }
 
 void *sb_calloc(size_t count, size_t size) {
@@ -81,7 +98,10 @@ void *sb_calloc(size_t count, size_t size) {
 void *sb_realloc(void *ptr, size_t size) {
     if (tally)
         *tally += size;
-    return allocator.realloc_fn(ptr, size ? size : 1, allocator.user);
+    void *p = allocator.realloc_fn(ptr, size ? size : 1, allocator.user);
+    if (!p)
+        n_failed++;
+    return p;
 }
 
 void sb_free(void *ptr) {

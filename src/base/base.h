@@ -50,6 +50,11 @@ void sb_aligned_free(void *ptr);
  * the tally that was counting before, so measurements nest: restore it. */
 size_t *sb__alloc_measure(size_t *tally);
 
+/* How many allocations through the hook have failed on this thread: a
+ * parser that returns NULL for both bad input and no memory (cJSON) is
+ * told apart by comparing the count around the call. */
+uint64_t sb__alloc_failures(void);
+
 /* A line to the embedder's log callback (see sb_set_log_callback). */
 void sb__log(int level, const char *fmt, ...) SB_PRINTF(2, 3);
 

@@ -1201,9 +1201,12 @@ static sb_status read_entries(reader *r, bool registry, cJSON **root) {
         return sb_fail(r->err, SB_ERR_FORMAT, "%s:%d:%d: NUL byte in a JSON file", r->name, line, col);
     }
     const char *end = NULL;
+    uint64_t failures = sb__alloc_failures();
     *root = cJSON_ParseWithOpts(r->text, &end, true);
     if (map_positions(r, *root))
         return SB_ERR_NOMEM;
+    if (!*root && sb__alloc_failures() != failures)
+        return sb_fail(r->err, SB_ERR_NOMEM, "%s: out of memory while parsing the JSON", r->name);
     if (!*root) {
         size_t off = end && end >= r->text ? (size_t)(end - r->text) : r->len;
         char hint[96];

@@ -3,6 +3,7 @@
  * SB_ASSERT reaches the log callback with file and line and then the abort
  * hook, in every build type (this file may be built with NDEBUG: the check
  * stays); aligned blocks are aligned and go through the allocator hook;
+ * so do cJSON's allocations, and a failed one is counted;
  * sb__alloc_measure counts what a thread allocates, nested.
  */
 #include <setjmp.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <cjson/cJSON.h>
 
 #include "base/base.h"
 #include "testutil.h"
@@ -55,6 +57,41 @@ static void test_assert_reports_and_aborts(void **state) {
     assert_string_equal(aborted, logged);
     sb_set_abort_hook(NULL);
     sb_set_log_callback(NULL, NULL);
+}
+
+static void *refuse(size_t size, void *user) {
+    (void)size, (void)user;
+    return NULL;
+}
+static void *refuse_realloc(void *ptr, size_t size, void *user) {
+    (void)ptr, (void)size, (void)user;
+    return NULL;
+}
+static void never_free(void *ptr, void *user) { (void)ptr, (void)user; }
+
+static void test_json_through_hook(void **state) {
+    (void)state;
+    sb_test_count_allocs_begin();
+    cJSON *v = cJSON_Parse("{\"models\": [1, 2, \"three\"]}");
+    assert_non_null(v);
+    assert_true(sb_test_live_bytes() > 0);
+    char *text = cJSON_PrintUnformatted(v);
+    assert_string_equal(text, "{\"models\":[1,2,\"three\"]}");
+    cJSON_free(text);
+    cJSON_Delete(v);
+    assert_int_equal(sb_test_live_bytes(), 0);
+    sb_test_count_allocs_end();
+
+    /* A parse that fails for want of memory is told apart from bad JSON. */
+    const sb_allocator none = {refuse, refuse_realloc, never_free, NULL};
+    uint64_t before = sb__alloc_failures();
+    sb_set_allocator(&none);
+    assert_null(cJSON_Parse("[1]"));
+    sb_set_allocator(NULL);
+    assert_true(sb__alloc_failures() > before);
+    before = sb__alloc_failures();
+    assert_null(cJSON_Parse("[1,"));
+    assert_int_equal(sb__alloc_failures(), before);
 }
 
 static void test_aligned_alloc_through_hook(void **state) {
@@ -102,6 +139,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_assert_reports_and_aborts),
         cmocka_unit_test(test_aligned_alloc_through_hook),
+        cmocka_unit_test(test_json_through_hook),
         cmocka_unit_test(test_alloc_measure_nests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

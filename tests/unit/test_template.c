@@ -76,8 +76,8 @@ static sb_status render_line(const char *src, const cJSON *line, char **out, sb_
         .now = str_field(line, "now"),
     };
     st = sb_tpl_render_chat(tpl, &chat, out, NULL, err);
-    free(messages);
-    free(tools);
+    cJSON_free(messages);
+    cJSON_free(tools);
     sb_tpl_free(tpl);
     return st;
 }
@@ -674,8 +674,8 @@ static void test_parse_once_render_many(void **state) {
         assert_string_equal(out, str_field(line, "output"));
         sb_free(out);
     }
-    free(messages);
-    free(tools);
+    cJSON_free(messages);
+    cJSON_free(tools);
     sb_tpl_free(tpl);
     free(src);
 }
