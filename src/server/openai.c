@@ -14,7 +14,6 @@
 #include <utf8proc.h>
 
 #include "base/base.h"
-#include "registry/prompts.h"
 #include "server/openai.h"
 #include "server/server-impl.h"
 #include "server/structured.h"

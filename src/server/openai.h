@@ -17,7 +17,6 @@
 
 #include "api/api-internal.h"
 #include "gateway/caller.h"
-#include "registry/registry.h"
 #include "server/buf.h"
 #include "switchboard.h"
 

@@ -704,7 +704,7 @@ sb_srv_params sb_srv_default_params(void) {
     return (sb_srv_params){
         .host = "127.0.0.1",
         .port = 8080,
-        .engine = sb_engine_default_params(),
+        .engine = {.cache_type = sb_switchboard_default_params().cache_type},
         .keep_alive_ms = 5 * 60 * 1000, /* Ollama's default */
         .watch = true,
         .max_body = (size_t)8 << 20,
