@@ -271,16 +271,20 @@ void sb_sampler_accept(sb_sampler_t *sampler, int32_t token);
  * engine submission each, all at once, so the engine batches them) and
  * returns their results in order.
  *
- * For an HTTP server (how src/server/ is to be rewritten on this API): a
- * connection thread parses the body into an sb_input and sb_infer_params
- * (n choices or several prompts = several inputs of one submit), calls
- * sb_switchboard_submit, names the serving model from sb_request_served
- * (the model field and headers), then pulls sb_request_next with a short
- * timeout between checks of its socket (sb_request_cancel when the client
- * went away). Each event carries the token, its text, logprob and
- * alternatives (their text via sb_token_text on sb_request_model, valid
- * while the request lives), and the last one the finish reason and usage:
- * exactly what an SSE chunk or a JSON response is built from.
+ * For an HTTP server (how src/server/ is built on this API): a connection
+ * thread routes the body's model (sb_switchboard_acquire: a held model),
+ * builds its inputs with it (prompt tokens through its tokenizer and
+ * template: SB_INPUT_TOKENS; a grammar for its vocabulary), submits them
+ * on it (n choices or several prompts = several inputs of one submit,
+ * seed_offset apart), names the serving model from sb_held_served (the
+ * model field and headers), then pulls sb_request_next (streaming) or
+ * waits with sb_request_wait (whole answers) with a short timeout between
+ * checks of its socket (sb_request_cancel when the client went away). Each
+ * event carries the token, its text, logprob and alternatives (their text
+ * via sb_token_text on sb_request_model, valid while the request lives),
+ * and the last one the finish reason, usage and any embedding: exactly
+ * what an SSE chunk or a JSON response is built from. Its admin pages are
+ * sb_switchboard_list, _load, _unload and _get_totals.
  *
  * Profiles. Every call measures itself into an sb_profile: the time routing
  * and loading took (load_s: ~0 when the model was loaded already), time to
@@ -310,6 +314,12 @@ typedef struct sb_switchboard_params {
     sb_cache_type cache_type; /* KV cache of models whose entry does not say; default F16 */
     double keep_alive_s;      /* idle time before a model is unloaded; < 0 forever (the default) */
     bool watch;               /* reload the registry when its file or directory changes */
+    int32_t max_batch_tokens; /* most tokens in one forward step of a model; 0 = the engine's default */
+    int32_t max_queue;        /* most requests waiting per model (more fail with SB_ERR_BUSY); 0 = default */
+    /* One line per load, eviction, swap and reload (no newline), from any
+     * thread; NULL: silent. */
+    void (*log)(void *user, const char *line);
+    void *log_user;
 } sb_switchboard_params;
 sb_switchboard_params sb_switchboard_default_params(void);
 
@@ -325,6 +335,11 @@ void sb_switchboard_free(sb_switchboard_t *sb);
 
 /* Re-reads the registry source; a bad one changes nothing (err says where). */
 sb_status sb_switchboard_reload(sb_switchboard_t *sb, sb_error *err);
+
+/* Cancels every generation running or waiting on every model (their done
+ * events say SB_FINISHED_CANCELLED): the first step of shutting down while
+ * callers still wait on requests. */
+void sb_switchboard_cancel_all(sb_switchboard_t *sb);
 
 /* Every name a call may use (models, aliases, routes), NUL-separated in out
  * (capacity cap, truncated to whole names); returns how many there are. */
@@ -347,6 +362,57 @@ typedef struct sb_served {
 sb_status sb_switchboard_set_default(sb_switchboard_t *sb, const char *name, sb_served *served, sb_error *err);
 /* The default model's name as set (a copy into out, capacity cap). */
 void sb_switchboard_get_default(sb_switchboard_t *sb, char *out, size_t cap);
+
+/* ---- administration ---------------------------------------------------- */
+
+typedef enum sb_model_state {
+    SB_MODEL_UNLOADED,
+    SB_MODEL_LOADING,
+    SB_MODEL_LOADED,
+    SB_MODEL_FAILED, /* the last load failed (error says why); the next call retries */
+} sb_model_state;
+/* "unloaded", "loading", "loaded", "failed". */
+const char *sb_model_state_str(sb_model_state s);
+
+/* One model of the registry as it is now (what an admin page shows). */
+typedef struct sb_model_info {
+    char name[128];
+    char path[512];
+    sb_model_state state;
+    uint64_t version;       /* of the loaded version; bumped when the entry or its file changes */
+    size_t memory;          /* bytes it takes, measured (0 when unloaded) */
+    int32_t running;        /* sequences being generated */
+    int32_t waiting;        /* submissions waiting to start */
+    int32_t in_flight;      /* calls and requests holding it */
+    double last_used;       /* unix time; 0 never */
+    double keep_alive_s;    /* idle time before it unloads; -1 forever */
+    bool pinned;
+    char error[256];        /* the last load error, "" if none */
+    /* loaded: its engine's figures since the load */
+    int32_t kv_blocks_used, kv_blocks_total, block_size;
+    uint64_t prompt_tokens_computed; /* prompt positions run through the model */
+    uint64_t prompt_tokens_cached;   /* prompt positions reused from the prefix cache */
+    uint64_t generated_tokens;
+    uint64_t preemptions;   /* sequences preempted for lack of KV cache, recomputed later */
+    uint64_t steps;         /* forward steps */
+} sb_model_info;
+
+/* Fills up to cap entries (models only, not aliases or routes, in registry
+ * order); returns how many models there are (call with cap 0 to size). */
+int32_t sb_switchboard_list(sb_switchboard_t *sb, sb_model_info *out, int32_t cap);
+
+/* Loads a model by name now (it then stays until its keep_alive), or
+ * unloads it (calls in flight finish on it; it is freed after them; the
+ * next call loads it again). SB_ERR_MODEL_NOT_FOUND for an unknown name,
+ * SB_ERR_OVER_BUDGET when it cannot fit. */
+sb_status sb_switchboard_load(sb_switchboard_t *sb, const char *name, sb_error *err);
+sb_status sb_switchboard_unload(sb_switchboard_t *sb, const char *name, sb_error *err);
+
+typedef struct sb_switchboard_totals {
+    size_t budget, used;    /* bytes: the memory budget, what the loaded models take */
+    uint64_t loads, load_failures, evictions, swaps, reloads;
+} sb_switchboard_totals;
+void sb_switchboard_get_totals(sb_switchboard_t *sb, sb_switchboard_totals *out);
 
 /* ---- generation -------------------------------------------------------- */
 
@@ -384,6 +450,9 @@ typedef struct sb_stream_event {
     int32_t n_prompt, n_prompt_cached, n_generated;
     double ttft_s;         /* submit to first token */
     const char *error;     /* SB_FINISHED_ERROR: what went wrong, else NULL */
+    const float *embedding; /* done of an embedding (params.embedding): n_embd floats, else NULL */
+    int32_t n_embd;
+    double time_s;         /* when the engine produced it, seconds after the submit */
 } sb_stream_event;
 
 /* Called on the calling thread for every event; return false to cancel
@@ -391,6 +460,11 @@ typedef struct sb_stream_event {
 typedef bool (*sb_stream_fn)(void *user, const sb_stream_event *ev);
 
 #define SB_KEEP_ALIVE_UNCHANGED (-2.0)
+
+/* A grammar the output must follow (structured output), compiled for one
+ * model's vocabulary: see sb_held_grammar. Shared by any number of
+ * requests on that model; each takes its own reference. */
+typedef struct sb_grammar sb_grammar_t;
 
 typedef struct sb_infer_params {
     const char *model;         /* NULL: the default model */
@@ -408,6 +482,10 @@ typedef struct sb_infer_params {
     int32_t priority;          /* higher is served first, across models too */
     double keep_alive_s;       /* after the call the model stays loaded this long (< 0 forever);
                                   SB_KEEP_ALIVE_UNCHANGED: its configured keep_alive */
+    const sb_grammar_t *grammar; /* NULL, or what every output must match (compiled for the
+                                    model that serves: sb_held_submit on that held model) */
+    bool embedding;            /* no generation: each input's done event carries its embedding
+                                  (the mean-pooled, L2-normalised final hidden state) */
     sb_stream_fn on_event;     /* blocking calls: per-token callback (streaming); NULL: none */
     void *user_data;
 } sb_infer_params;
@@ -477,6 +555,7 @@ typedef enum sb_input_kind {
     SB_INPUT_TEXT,      /* text: a completion prompt */
     SB_INPUT_CHAT_JSON, /* text: a JSON array of messages */
     SB_INPUT_CHAT,      /* messages, n_messages */
+    SB_INPUT_TOKENS,    /* tokens, n_tokens: prompt ids as they are (BOS included if wanted) */
 } sb_input_kind;
 
 typedef struct sb_input {
@@ -484,6 +563,8 @@ typedef struct sb_input {
     const char *text;
     const sb_chat_message *messages;
     size_t n_messages;
+    const int32_t *tokens;
+    size_t n_tokens;
     uint64_t seed_offset; /* added to the sampling seed: n choices of one prompt sample apart */
 } sb_input;
 
@@ -498,6 +579,11 @@ sb_status sb_switchboard_submit(sb_switchboard_t *sb, const sb_input *inputs, si
  * until the next call), false on timeout or when every input is done and
  * its events were taken. */
 bool sb_request_next(sb_request_t *req, int64_t timeout_ms, sb_stream_event *ev);
+/* Waits up to timeout_ms (< 0: without limit) until an input's done event
+ * is queued, leaving every event queued for sb_request_next; true when one
+ * is (or every input has ended). A caller that wants whole answers waits
+ * here: it is woken once per input, not once per token. */
+bool sb_request_wait(sb_request_t *req, int64_t timeout_ms);
 /* True once every input's done event has been taken. */
 bool sb_request_finished(const sb_request_t *req);
 /* Ends every input within one engine step (their done events follow). */
@@ -512,6 +598,44 @@ void sb_request_profile(const sb_request_t *req, sb_profile *out);
 /* Cancels what still runs and frees; the model's hold goes once the engine
  * is done with it. NULL is a no-op. */
 void sb_request_free(sb_request_t *req);
+
+/* ---- held models: route first, then submit ------------------------------- */
+/*
+ * sb_switchboard_submit routes the name and submits in one call. A caller
+ * that must see the model before it builds its inputs (tokenize with it,
+ * count a prompt against its context, compile a grammar for its
+ * vocabulary) routes first: sb_switchboard_acquire holds the model that
+ * serves (loading it if needed) until sb_held_release, and sb_held_submit
+ * submits on exactly that model, even if a reload swapped or a route would
+ * now pick another. A request keeps its model held for its own life, so
+ * the held model may be released as soon as the last submit returned.
+ */
+
+typedef struct sb_held sb_held_t;
+
+/* Routes `model` (NULL: the default) as a call would, `user` picking a
+ * route's arm. Errors as sb_switchboard_submit's. */
+sb_status sb_switchboard_acquire(sb_switchboard_t *sb, const char *model, const char *user, sb_held_t **out,
+                                 sb_error *err);
+const sb_model_t *sb_held_model(const sb_held_t *h);
+/* The context its engine runs with (the registry entry's, else trained). */
+int32_t sb_held_n_ctx(const sb_held_t *h);
+void sb_held_served(const sb_held_t *h, sb_served *out);
+/* sb_switchboard_submit on this model (params.model and params.user are not used). */
+sb_status sb_held_submit(sb_held_t *h, const sb_input *inputs, size_t n, const sb_infer_params *params,
+                         sb_request_t **out, sb_error *err);
+/* Compiles a GBNF grammar (llama.cpp's syntax, root rule "root") or a JSON
+ * schema (the grammar of the JSON texts it allows) for this model's
+ * vocabulary. SB_ERR_INVALID_ARG (err names line and column, or the schema
+ * path) for a bad one, SB_ERR_UNSUPPORTED for schema features not
+ * implemented. */
+sb_status sb_held_grammar(sb_held_t *h, const char *gbnf, size_t len, sb_grammar_t **out, sb_error *err);
+sb_status sb_held_json_schema(sb_held_t *h, const char *schema_json, sb_grammar_t **out, sb_error *err);
+/* Drops the caller's reference (requests using it keep theirs). NULL is a no-op. */
+void sb_grammar_free(sb_grammar_t *g);
+/* Ends the caller's hold; keep_alive_s as sb_infer_params.keep_alive_s
+ * (SB_KEEP_ALIVE_UNCHANGED: as configured). NULL is a no-op. */
+void sb_held_release(sb_held_t *h, double keep_alive_s);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -59,6 +59,10 @@ class _SwitchboardParams(ctypes.Structure):
         ("cache_type", ctypes.c_int),
         ("keep_alive_s", ctypes.c_double),
         ("watch", ctypes.c_bool),
+        ("max_batch_tokens", ctypes.c_int32),
+        ("max_queue", ctypes.c_int32),
+        ("log", ctypes.c_void_p),  # a C callback: not offered here
+        ("log_user", ctypes.c_void_p),
     ]
 
 
@@ -91,6 +95,9 @@ class _StreamEvent(ctypes.Structure):
         ("n_generated", ctypes.c_int32),
         ("ttft_s", ctypes.c_double),
         ("error", ctypes.c_char_p),
+        ("embedding", ctypes.POINTER(ctypes.c_float)),
+        ("n_embd", ctypes.c_int32),
+        ("time_s", ctypes.c_double),
     ]
 
 
@@ -110,6 +117,8 @@ class _InferParams(ctypes.Structure):
         ("ignore_eos", ctypes.c_bool),
         ("priority", ctypes.c_int32),
         ("keep_alive_s", ctypes.c_double),
+        ("grammar", ctypes.c_void_p),  # const sb_grammar_t *: not offered here yet
+        ("embedding", ctypes.c_bool),
         ("on_event", _StreamFn),
         ("user_data", ctypes.c_void_p),
     ]
@@ -151,6 +160,8 @@ class _Input(ctypes.Structure):
         ("text", ctypes.c_char_p),
         ("messages", ctypes.c_void_p),
         ("n_messages", ctypes.c_size_t),
+        ("tokens", ctypes.c_void_p),  # const int32_t *: not offered here yet
+        ("n_tokens", ctypes.c_size_t),
         ("seed_offset", ctypes.c_uint64),
     ]
 

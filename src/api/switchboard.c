@@ -3,10 +3,12 @@
  * high-level API"): a registry and its executor behind one handle, and
  * generation requests by model name.
  *
- * How it fits: a request takes a registry lease (the model, chat formatter
- * and engine that serve it, held for the request's whole life, so a swap or
- * an eviction never frees them underneath), turns each input into prompt
- * tokens, and submits one engine request per input. The engine's callback
+ * How it fits: routing a name takes a registry lease (the model, chat
+ * formatter and engine that serve it) inside a held model (sb_held_t,
+ * reference counted); a request holds a reference to it for its whole life,
+ * so a swap or an eviction never frees them underneath. A request turns
+ * each input into prompt tokens and submits one engine request per input.
+ * sb_switchboard_submit is acquire, sb_held_submit, release. The engine's callback
  * runs on the executor thread: it copies the event into the request's queue
  * and returns at once; the caller's thread takes events from the queue
  * (sb_request_next), so embedder code never runs on the executor thread and
@@ -15,7 +17,7 @@
  * Lifetime: a request is reference counted (the caller's reference and one
  * per engine submission still owed its done event), so the caller may free
  * it while the engine still has events for it; the lease goes with the last
- * reference. The handle counts the request objects alive, and
+ * reference. The handle counts the request and held objects alive, and
  * sb_switchboard_free cancels them and waits for that count to reach zero
  * before it frees the registry.
  */
@@ -28,11 +30,13 @@
 
 #include <cjson/cJSON.h>
 
+#include "api/api-internal.h"
 #include "base/base.h"
 #include "engine/engine.h"
 #include "engine/executor.h"
 #include "model/chat.h"
 #include "registry/registry.h"
+#include "sampling/json_schema.h"
 
 _Static_assert((int)SB_FINISHED_NOT == (int)SB_FINISH_NONE && (int)SB_FINISHED_STOP == (int)SB_FINISH_STOP &&
                    (int)SB_FINISHED_LENGTH == (int)SB_FINISH_LENGTH &&
@@ -40,6 +44,9 @@ _Static_assert((int)SB_FINISHED_NOT == (int)SB_FINISH_NONE && (int)SB_FINISHED_S
                    (int)SB_FINISHED_ERROR == (int)SB_FINISH_ERROR,
                "the public finish reasons are the engine's");
 _Static_assert(sizeof(sb_token_logprob) == sizeof(sb_top_logprob), "the public logprob pair is the engine's");
+_Static_assert((int)SB_MODEL_UNLOADED == (int)SB_REG_UNLOADED && (int)SB_MODEL_LOADING == (int)SB_REG_LOADING &&
+                   (int)SB_MODEL_LOADED == (int)SB_REG_LOADED && (int)SB_MODEL_FAILED == (int)SB_REG_FAILED,
+               "the public model states are the registry's");
 
 #define MAX_TOP 20
 
@@ -50,8 +57,18 @@ struct sb_switchboard {
     pthread_cond_t cv;      /* signalled when a request object is destroyed */
     char default_name[128]; /* under mu */
     sb_profile last;        /* under mu */
-    int32_t held;           /* requests the caller has not freed (under mu) */
-    int32_t alive;          /* request objects not yet destroyed (under mu) */
+    int32_t held;           /* requests and held models the caller has not freed (under mu) */
+    int32_t alive;          /* request and held objects not yet destroyed (under mu) */
+};
+
+/* A routed model: the lease, shared by the caller and its requests. The
+ * lease goes with the last reference, with the keep_alive last asked for. */
+struct sb_held {
+    sb_switchboard_t *sb;
+    sb_reg_lease *lease;
+    atomic_int refs;
+    pthread_mutex_t mu;
+    double keep_alive_s; /* under mu */
 };
 
 /* A copy of one engine event, queued for the caller's thread. */
@@ -65,8 +82,10 @@ typedef struct qevent {
     sb_token_logprob top[MAX_TOP];
     sb_finish finish;
     int32_t n_prompt, n_prompt_cached, n_generated;
-    double ttft_s;
-    char *error; /* sb_malloc'd */
+    double ttft_s, time_s;
+    char *error;      /* sb_malloc'd */
+    float *embedding; /* sb_malloc'd */
+    int32_t n_embd;
     size_t text_len;
     char text[]; /* text_len bytes, NUL-terminated */
 } qevent;
@@ -84,7 +103,7 @@ typedef struct slot {
 
 struct sb_request {
     sb_switchboard_t *sb;
-    sb_reg_lease *lease;
+    sb_held_t *held;   /* a reference */
     sb_engine *engine;
     double keep_alive_s;
     atomic_int refs;
@@ -93,6 +112,8 @@ struct sb_request {
     int32_t n_slots;
     slot *slots;
     qevent *head, *tail; /* under mu */
+    int32_t dones_queued; /* done events in the queue (under mu) */
+    bool want_each;      /* sb_request_next waits: wake it for every event (under mu) */
     qevent *current;   /* the event sb_request_next handed out last (caller's) */
     double t_start, t_submit, load_s;
     bool failed;       /* its submit failed: its profile does not become the handle's last */
@@ -132,8 +153,9 @@ sb_status sb_switchboard_open(const char *path, const sb_switchboard_params *par
     sb_switchboard_params p = params ? *params : sb_switchboard_default_params();
     if (!path || !path[0])
         return sb_fail(err, SB_ERR_INVALID_ARG, "sb_switchboard_open: no path given (a models.json, a directory or a .gguf file)");
-    if (p.n_threads < 0 || p.n_ctx < 0 || p.n_parallel < 0)
-        return sb_fail(err, SB_ERR_INVALID_ARG, "sb_switchboard_open: n_threads, n_ctx and n_parallel must be >= 0");
+    if (p.n_threads < 0 || p.n_ctx < 0 || p.n_parallel < 0 || p.max_batch_tokens < 0 || p.max_queue < 0)
+        return sb_fail(err, SB_ERR_INVALID_ARG,
+                       "sb_switchboard_open: n_threads, n_ctx, n_parallel, max_batch_tokens and max_queue must be >= 0");
     sb_switchboard_t *sb = sb_calloc(1, sizeof *sb);
     if (!sb)
         return sb_fail(err, SB_ERR_NOMEM, "sb_switchboard_open: out of memory");
@@ -152,9 +174,15 @@ sb_status sb_switchboard_open(const char *path, const sb_switchboard_params *par
         if (p.n_parallel > 0)
             rp.engine.n_parallel = p.n_parallel;
         rp.engine.cache_type = p.cache_type;
-        rp.keep_alive_ms = p.keep_alive_s < 0 ? SB_REGFILE_FOREVER : (int64_t)(p.keep_alive_s * 1e3);
+        if (p.max_batch_tokens > 0)
+            rp.engine.max_batch_tokens = p.max_batch_tokens;
+        if (p.max_queue > 0)
+            rp.engine.max_queue = p.max_queue;
+        rp.keep_alive_ms = p.keep_alive_s < 0 ? SB_REGFILE_FOREVER : llround(p.keep_alive_s * 1e3);
         rp.exec = sb->exec;
         rp.watch = p.watch;
+        rp.log = p.log;
+        rp.log_user = p.log_user;
         st = sb_registry_open(&rp, &sb->reg, err);
     }
     if (st != SB_OK) {
@@ -199,9 +227,74 @@ sb_status sb_switchboard_reload(sb_switchboard_t *sb, sb_error *err) {
     return sb_registry_reload(sb->reg, err);
 }
 
+void sb_switchboard_cancel_all(sb_switchboard_t *sb) { sb_registry_cancel_all(sb->reg); }
+
 int32_t sb_switchboard_models(sb_switchboard_t *sb, char *out, size_t cap) {
     return sb_registry_names(sb->reg, out, cap);
 }
+
+/* ---- administration ---------------------------------------------------------- */
+
+const char *sb_model_state_str(sb_model_state s) { return sb_reg_state_name((sb_reg_state)s); }
+
+static void model_info_of(const sb_reg_info *m, sb_model_info *o) {
+    memset(o, 0, sizeof *o);
+    copy_str(o->name, sizeof o->name, m->name);
+    copy_str(o->path, sizeof o->path, m->path);
+    copy_str(o->error, sizeof o->error, m->error);
+    o->state = (sb_model_state)m->state;
+    o->version = m->version;
+    o->memory = m->memory;
+    o->running = m->running;
+    o->waiting = m->waiting;
+    o->in_flight = m->leases;
+    o->last_used = m->last_used;
+    o->keep_alive_s = m->keep_alive_s;
+    o->pinned = m->pinned;
+    o->kv_blocks_used = m->engine.kv_blocks_used;
+    o->kv_blocks_total = m->engine.kv_blocks_total;
+    o->block_size = m->engine.block_size;
+    o->prompt_tokens_computed = m->engine.prompt_tokens_computed;
+    o->prompt_tokens_cached = m->engine.prompt_tokens_cached;
+    o->generated_tokens = m->engine.generated_tokens;
+    o->preemptions = m->engine.preemptions;
+    o->steps = m->engine.steps;
+}
+
+int32_t sb_switchboard_list(sb_switchboard_t *sb, sb_model_info *out, int32_t cap) {
+    if (!out || cap <= 0)
+        return sb_registry_list(sb->reg, NULL, 0);
+    sb_reg_info *info = sb_calloc((size_t)cap, sizeof *info);
+    if (!info)
+        return sb_registry_list(sb->reg, NULL, 0); /* the count still; nothing filled */
+    int32_t n = sb_registry_list(sb->reg, info, cap);
+    for (int32_t i = 0; i < SB_MIN(n, cap); i++)
+        model_info_of(&info[i], &out[i]);
+    sb_free(info);
+    return n;
+}
+
+sb_status sb_switchboard_load(sb_switchboard_t *sb, const char *name, sb_error *err) {
+    if (!name || !name[0])
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sb_switchboard_load: no model name given");
+    return sb_registry_load(sb->reg, name, err);
+}
+
+sb_status sb_switchboard_unload(sb_switchboard_t *sb, const char *name, sb_error *err) {
+    if (!name || !name[0])
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sb_switchboard_unload: no model name given");
+    return sb_registry_unload(sb->reg, name, err);
+}
+
+void sb_switchboard_get_totals(sb_switchboard_t *sb, sb_switchboard_totals *out) {
+    sb_reg_totals t;
+    sb_registry_totals(sb->reg, &t);
+    *out = (sb_switchboard_totals){.budget = t.budget, .used = t.used, .loads = t.loads,
+                                   .load_failures = t.load_failures, .evictions = t.evictions, .swaps = t.swaps,
+                                   .reloads = t.reloads};
+}
+
+struct sb_registry *sb__switchboard_registry(sb_switchboard_t *sb) { return sb->reg; }
 
 void sb_switchboard_get_default(sb_switchboard_t *sb, char *out, size_t cap) {
     pthread_mutex_lock(&sb->mu);
@@ -257,9 +350,36 @@ void sb_switchboard_last_profile(sb_switchboard_t *sb, sb_profile *out) {
     pthread_mutex_unlock(&sb->mu);
 }
 
-/* Routes `name` (NULL: the default) to a lease; *load_s gets the time it took. */
-static sb_status acquire(sb_switchboard_t *sb, const char *name, const char *user, sb_reg_lease **out,
+/* ---- held models ---------------------------------------------------------------- */
+
+static void count_objects(sb_switchboard_t *sb, int32_t alive, int32_t held) {
+    pthread_mutex_lock(&sb->mu);
+    sb->alive += alive;
+    sb->held += held;
+    if (sb->alive == 0)
+        pthread_cond_broadcast(&sb->cv);
+    pthread_mutex_unlock(&sb->mu);
+}
+
+static void held_unref(sb_held_t *h, double keep_alive_s) {
+    if (keep_alive_s != SB_KEEP_ALIVE_UNCHANGED) {
+        pthread_mutex_lock(&h->mu);
+        h->keep_alive_s = keep_alive_s;
+        pthread_mutex_unlock(&h->mu);
+    }
+    if (atomic_fetch_sub(&h->refs, 1) != 1)
+        return;
+    sb_switchboard_t *sb = h->sb;
+    sb_reg_lease_release(h->lease, h->keep_alive_s);
+    pthread_mutex_destroy(&h->mu);
+    sb_free(h);
+    count_objects(sb, -1, 0);
+}
+
+/* Routes `name` (NULL: the default) to a held model; *load_s gets the time it took. */
+static sb_status acquire(sb_switchboard_t *sb, const char *name, const char *user, sb_held_t **out,
                          double *load_s, sb_error *err) {
+    *out = NULL;
     char dflt[sizeof sb->default_name];
     if (!name) {
         sb_switchboard_get_default(sb, dflt, sizeof dflt);
@@ -268,11 +388,73 @@ static sb_status acquire(sb_switchboard_t *sb, const char *name, const char *use
                            "no model named and no default model (the registry is empty; set one with sb_switchboard_set_default)");
         name = dflt;
     }
+    sb_held_t *h = sb_calloc(1, sizeof *h);
+    if (!h)
+        return sb_fail(err, SB_ERR_NOMEM, "out of memory routing '%s'", name);
     double t0 = now_s();
-    sb_status st = sb_registry_acquire(sb->reg, name, user, out, err);
+    sb_status st = sb_registry_acquire(sb->reg, name, user, &h->lease, err);
     *load_s = now_s() - t0;
+    if (st != SB_OK) {
+        sb_free(h);
+        return st;
+    }
+    h->sb = sb;
+    atomic_init(&h->refs, 1);
+    pthread_mutex_init(&h->mu, NULL);
+    h->keep_alive_s = SB_KEEP_ALIVE_UNCHANGED;
+    count_objects(sb, 1, 1);
+    *out = h;
+    return SB_OK;
+}
+
+sb_status sb_switchboard_acquire(sb_switchboard_t *sb, const char *model, const char *user, sb_held_t **out,
+                                 sb_error *err) {
+    SB_ASSERT(sb && out);
+    double load_s;
+    return acquire(sb, model, user, out, &load_s, err);
+}
+
+void sb_held_release(sb_held_t *h, double keep_alive_s) {
+    if (!h)
+        return;
+    count_objects(h->sb, 0, -1);
+    held_unref(h, keep_alive_s);
+}
+
+const sb_model_t *sb_held_model(const sb_held_t *h) { return sb_reg_lease_model(h->lease); }
+int32_t sb_held_n_ctx(const sb_held_t *h) { return sb_reg_lease_n_ctx(h->lease); }
+void sb_held_served(const sb_held_t *h, sb_served *out) { served_of(h->lease, out); }
+const struct sb_reg_lease *sb__held_lease(const sb_held_t *h) { return h->lease; }
+
+sb_status sb_held_grammar(sb_held_t *h, const char *gbnf, size_t len, sb_grammar_t **out, sb_error *err) {
+    SB_ASSERT(h && out);
+    *out = NULL;
+    if (!gbnf)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sb_held_grammar: no grammar text");
+    return sb_grammar_create(sb_reg_lease_gvocab(h->lease), gbnf, len, out, err);
+}
+
+sb_status sb_held_json_schema(sb_held_t *h, const char *schema_json, sb_grammar_t **out, sb_error *err) {
+    SB_ASSERT(h && out);
+    *out = NULL;
+    if (!schema_json)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "sb_held_json_schema: no schema");
+    const char *end = NULL;
+    cJSON *schema = cJSON_ParseWithOpts(schema_json, &end, true);
+    if (!schema)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "the JSON schema is not valid JSON (at offset %zu)",
+                       end ? (size_t)(end - schema_json) : (size_t)0);
+    char *gbnf = NULL;
+    size_t len = 0;
+    sb_status st = sb_json_schema_to_gbnf(schema, &gbnf, &len, err);
+    cJSON_Delete(schema);
+    if (st == SB_OK)
+        st = sb_held_grammar(h, gbnf, len, out, err);
+    sb_free(gbnf);
     return st;
 }
+
+void sb_grammar_free(sb_grammar_t *g) { sb_grammar_unref(g); }
 
 sb_status sb_switchboard_set_default(sb_switchboard_t *sb, const char *name, sb_served *served, sb_error *err) {
     if (!name || !name[0])
@@ -281,14 +463,14 @@ sb_status sb_switchboard_set_default(sb_switchboard_t *sb, const char *name, sb_
         return sb_fail(err, SB_ERR_INVALID_ARG, "sb_switchboard_set_default: model name longer than %zu bytes",
                        sizeof sb->default_name - 1);
     double t0 = now_s();
-    sb_reg_lease *l;
+    sb_held_t *h;
     double load_s;
-    sb_status st = acquire(sb, name, NULL, &l, &load_s, err);
+    sb_status st = acquire(sb, name, NULL, &h, &load_s, err);
     if (st != SB_OK)
         return st;
     if (served)
-        served_of(l, served);
-    sb_reg_lease_release(l, SB_REG_KEEP_ALIVE_UNCHANGED);
+        served_of(h->lease, served);
+    sb_held_release(h, SB_KEEP_ALIVE_UNCHANGED);
     pthread_mutex_lock(&sb->mu);
     copy_str(sb->default_name, sizeof sb->default_name, name);
     pthread_mutex_unlock(&sb->mu);
@@ -407,9 +589,32 @@ static sb_status tokenize_chat(const sb_reg_lease *l, const sb_input *in, size_t
     return st;
 }
 
+/* Token ids as given, checked against the vocabulary (copied: the engine
+ * submission copies again, but a bad id fails here, before anything runs). */
+static sb_status copy_tokens(const sb_model_t *model, const sb_input *in, size_t index, int32_t **ids, int32_t *n,
+                             sb_error *err) {
+    if (!in->tokens || in->n_tokens == 0)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "input %zu: no prompt tokens", index);
+    if (in->n_tokens > INT32_MAX / 2 || !(*ids = sb_malloc(in->n_tokens * sizeof(int32_t))))
+        return sb_fail(err, SB_ERR_NOMEM, "input %zu: out of memory for %zu prompt tokens", index, in->n_tokens);
+    const int32_t n_vocab = sb_model_n_vocab(model);
+    for (size_t i = 0; i < in->n_tokens; i++) {
+        if (in->tokens[i] < 0 || in->tokens[i] >= n_vocab) {
+            sb_free(*ids);
+            *ids = NULL;
+            return sb_fail(err, SB_ERR_INVALID_ARG, "input %zu: token %zu is %d, outside the vocabulary (0..%d)",
+                           index, i, (int)in->tokens[i], (int)n_vocab - 1);
+        }
+        (*ids)[i] = in->tokens[i];
+    }
+    *n = (int32_t)in->n_tokens;
+    return SB_OK;
+}
+
 static sb_status tokenize_input(const sb_reg_lease *l, const sb_input *in, size_t index, int32_t **ids, int32_t *n,
                                 sb_error *err) {
     switch (in->kind) {
+    case SB_INPUT_TOKENS: return copy_tokens(sb_reg_lease_model(l), in, index, ids, n, err);
     case SB_INPUT_TEXT: return tokenize_text(sb_reg_lease_model(l), in->text, ids, n, index, err);
     case SB_INPUT_CHAT_JSON:
     case SB_INPUT_CHAT: return tokenize_chat(l, in, index, ids, n, err);
@@ -441,6 +646,8 @@ static void gen_params(const sb_reg_lease *l, const sb_infer_params *p, sb_gen_p
     gp->top_logprobs = p->top_logprobs;
     gp->ignore_eos = p->ignore_eos;
     gp->priority = p->priority;
+    gp->embedding = p->embedding;
+    gp->grammar = (sb_grammar *)p->grammar; /* the engine takes its own reference per sequence */
 }
 
 /* ---- requests ---------------------------------------------------------------- */
@@ -449,6 +656,7 @@ static void qevents_free(qevent *e) {
     while (e) {
         qevent *next = e->next;
         sb_free(e->error);
+        sb_free(e->embedding);
         sb_free(e);
         e = next;
     }
@@ -456,18 +664,19 @@ static void qevents_free(qevent *e) {
 
 static void request_destroy(sb_request_t *r) {
     sb_switchboard_t *sb = r->sb;
+    /* The engine drops its reference under the lock (on_event): taking the
+     * lock once waits until that thread is out of it. */
+    pthread_mutex_lock(&r->mu);
+    pthread_mutex_unlock(&r->mu);
     qevents_free(r->head);
     qevents_free(r->current);
-    if (r->lease)
-        sb_reg_lease_release(r->lease, r->keep_alive_s);
+    if (r->held)
+        held_unref(r->held, r->keep_alive_s);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     sb_free(r->slots);
     sb_free(r);
-    pthread_mutex_lock(&sb->mu);
-    if (--sb->alive == 0)
-        pthread_cond_broadcast(&sb->cv);
-    pthread_mutex_unlock(&sb->mu);
+    count_objects(sb, -1, 0);
 }
 
 static void request_unref(sb_request_t *r) {
@@ -499,8 +708,14 @@ static void on_event(void *user, const sb_gen_event *ev) {
         e->n_prompt_cached = ev->n_prompt_cached;
         e->n_generated = ev->n_generated;
         e->ttft_s = ev->ttft_s;
+        e->time_s = now_s() - r->t_submit;
         if (done && ev->error)
             e->error = sb_strndup(ev->error, strlen(ev->error));
+        if (done && ev->embedding && ev->n_embd > 0 &&
+            (e->embedding = sb_malloc((size_t)ev->n_embd * sizeof(float)))) {
+            memcpy(e->embedding, ev->embedding, (size_t)ev->n_embd * sizeof(float));
+            e->n_embd = ev->n_embd;
+        }
         if (text_len)
             memcpy(e->text, ev->text, text_len);
         e->text[text_len] = '\0';
@@ -525,11 +740,31 @@ static void on_event(void *user, const sb_gen_event *ev) {
         else
             r->head = e;
         r->tail = e;
+        r->dones_queued += done;
     }
+    if (done) {
+        /* The engine's reference goes under the lock, so that a caller who
+         * sees the done event (under the lock) frees the last reference
+         * itself and the model's hold ends on its thread, before it answers
+         * anyone: a server's next request then finds the model idle. The
+         * signal is under the lock too: once it is released, r may be gone. */
+        const bool last = atomic_fetch_sub(&r->refs, 1) == 1;
+        if (!last)
+            pthread_cond_signal(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        if (last) /* the caller freed it already: nobody waits */
+            request_destroy(r);
+        return;
+    }
+    const bool wake = r->want_each;
     pthread_mutex_unlock(&r->mu);
-    pthread_cond_signal(&r->cv);
-    if (done)
-        request_unref(r); /* the engine's reference */
+    /* Signalled after the unlock: a thread woken while the lock is still
+     * held wakes only to block on it (two more futex calls and a context
+     * switch per token). Token events wake only a caller that waits for
+     * them: one waiting for whole answers would take a core from the engine
+     * for nothing. r lives on: the engine's reference is still held. */
+    if (wake)
+        pthread_cond_signal(&r->cv);
 }
 
 static void cancel_slots(sb_request_t *r) {
@@ -559,10 +794,7 @@ static sb_request_t *request_new(sb_switchboard_t *sb, size_t n, const sb_infer_
     pthread_condattr_destroy(&ca);
     for (size_t i = 0; i < n; i++)
         slots[i] = (slot){.req = r, .index = (int32_t)i};
-    pthread_mutex_lock(&sb->mu);
-    sb->alive++;
-    sb->held++;
-    pthread_mutex_unlock(&sb->mu);
+    count_objects(sb, 1, 1);
     return r;
 }
 
@@ -573,9 +805,9 @@ static sb_status submit_all(sb_request_t *r, const sb_input *inputs, const sb_in
     int32_t *lens = sb_calloc((size_t)r->n_slots, sizeof *lens);
     sb_status st = ids && lens ? SB_OK : sb_fail(err, SB_ERR_NOMEM, "out of memory for %d inputs", (int)r->n_slots);
     for (int32_t i = 0; st == SB_OK && i < r->n_slots; i++)
-        st = tokenize_input(r->lease, &inputs[i], (size_t)i, &ids[i], &lens[i], err);
+        st = tokenize_input(r->held->lease, &inputs[i], (size_t)i, &ids[i], &lens[i], err);
     sb_gen_params gp;
-    gen_params(r->lease, p, &gp);
+    gen_params(r->held->lease, p, &gp);
     const uint64_t seed = gp.sampling.seed;
     r->t_submit = now_s();
     for (int32_t i = 0; st == SB_OK && i < r->n_slots; i++) {
@@ -602,9 +834,10 @@ static sb_status submit_all(sb_request_t *r, const sb_input *inputs, const sb_in
     return st;
 }
 
-sb_status sb_switchboard_submit(sb_switchboard_t *sb, const sb_input *inputs, size_t n, const sb_infer_params *params,
-                                sb_request_t **out, sb_error *err) {
-    SB_ASSERT(sb && out);
+/* Submits on h (the request takes its own reference); load_s is what routing took. */
+static sb_status held_submit(sb_held_t *h, const sb_input *inputs, size_t n, const sb_infer_params *params,
+                             double t_start, double load_s, sb_request_t **out, sb_error *err) {
+    SB_ASSERT(h && out);
     *out = NULL;
     const sb_infer_params p = params ? *params : sb_infer_default_params();
     if (n == 0 || !inputs)
@@ -615,15 +848,15 @@ sb_status sb_switchboard_submit(sb_switchboard_t *sb, const sb_input *inputs, si
         return sb_fail(err, SB_ERR_INVALID_ARG, "top_logprobs is %d; it must be 0..%d", (int)p.top_logprobs, MAX_TOP);
     if (p.n_stops && !p.stops)
         return sb_fail(err, SB_ERR_INVALID_ARG, "n_stops is %zu but stops is NULL", p.n_stops);
-    sb_request_t *r = request_new(sb, n, &p);
+    sb_request_t *r = request_new(h->sb, n, &p);
     if (!r)
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for a request of %zu inputs", n);
-    r->t_start = now_s();
-    sb_status st = acquire(sb, p.model, p.user, &r->lease, &r->load_s, err);
-    if (st == SB_OK) {
-        r->engine = sb_reg_lease_engine(r->lease);
-        st = submit_all(r, inputs, &p, err);
-    }
+    r->t_start = t_start;
+    r->load_s = load_s;
+    atomic_fetch_add(&h->refs, 1);
+    r->held = h;
+    r->engine = sb_reg_lease_engine(h->lease);
+    sb_status st = submit_all(r, inputs, &p, err);
     if (st != SB_OK) {
         r->failed = true;
         sb_request_free(r);
@@ -631,6 +864,26 @@ sb_status sb_switchboard_submit(sb_switchboard_t *sb, const sb_input *inputs, si
     }
     *out = r;
     return SB_OK;
+}
+
+sb_status sb_held_submit(sb_held_t *h, const sb_input *inputs, size_t n, const sb_infer_params *params,
+                         sb_request_t **out, sb_error *err) {
+    return held_submit(h, inputs, n, params, now_s(), 0, out, err);
+}
+
+sb_status sb_switchboard_submit(sb_switchboard_t *sb, const sb_input *inputs, size_t n, const sb_infer_params *params,
+                                sb_request_t **out, sb_error *err) {
+    SB_ASSERT(sb && out);
+    *out = NULL;
+    const double t_start = now_s();
+    double load_s;
+    sb_held_t *h;
+    sb_status st = acquire(sb, params ? params->model : NULL, params ? params->user : NULL, &h, &load_s, err);
+    if (st != SB_OK)
+        return st;
+    st = held_submit(h, inputs, n, params, t_start, load_s, out, err);
+    sb_held_release(h, SB_KEEP_ALIVE_UNCHANGED);
+    return st;
 }
 
 /* Every submitted input has ended (under r->mu); with an empty queue, all
@@ -659,18 +912,21 @@ bool sb_request_next(sb_request_t *r, int64_t timeout_ms, sb_stream_event *ev) {
     if (timeout_ms > 0)
         deadline_after(timeout_ms, &deadline);
     pthread_mutex_lock(&r->mu);
+    r->want_each = true;
     while (!r->head && !all_done(r) && timeout_ms != 0) {
         if (timeout_ms < 0)
             pthread_cond_wait(&r->cv, &r->mu);
         else if (pthread_cond_timedwait(&r->cv, &r->mu, &deadline) != 0)
             break;
     }
+    r->want_each = false;
     qevent *e = r->head;
     if (e) {
         r->head = e->next;
         if (!r->head)
             r->tail = NULL;
         e->next = NULL;
+        r->dones_queued -= e->done;
     }
     pthread_mutex_unlock(&r->mu);
     if (!e)
@@ -691,8 +947,27 @@ bool sb_request_next(sb_request_t *r, int64_t timeout_ms, sb_stream_event *ev) {
         .n_generated = e->n_generated,
         .ttft_s = e->ttft_s,
         .error = e->error,
+        .embedding = e->embedding,
+        .n_embd = e->n_embd,
+        .time_s = e->time_s,
     };
     return true;
+}
+
+bool sb_request_wait(sb_request_t *r, int64_t timeout_ms) {
+    struct timespec deadline;
+    if (timeout_ms > 0)
+        deadline_after(timeout_ms, &deadline);
+    pthread_mutex_lock(&r->mu);
+    while (r->dones_queued == 0 && !all_done(r) && timeout_ms != 0) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&r->cv, &r->mu);
+        else if (pthread_cond_timedwait(&r->cv, &r->mu, &deadline) != 0)
+            break;
+    }
+    const bool ready = r->dones_queued > 0 || all_done(r);
+    pthread_mutex_unlock(&r->mu);
+    return ready;
 }
 
 bool sb_request_finished(const sb_request_t *r) {
@@ -705,9 +980,9 @@ bool sb_request_finished(const sb_request_t *r) {
 
 void sb_request_cancel(sb_request_t *r) { cancel_slots(r); }
 
-void sb_request_served(const sb_request_t *r, sb_served *out) { served_of(r->lease, out); }
+void sb_request_served(const sb_request_t *r, sb_served *out) { served_of(r->held->lease, out); }
 
-const sb_model_t *sb_request_model(const sb_request_t *r) { return sb_reg_lease_model(r->lease); }
+const sb_model_t *sb_request_model(const sb_request_t *r) { return sb_reg_lease_model(r->held->lease); }
 
 /* The profile of inputs [lo, hi) of r (under r->mu). Speeds use the
  * request's own clock: ttft from submit to the first token of any input,
@@ -761,9 +1036,7 @@ void sb_request_free(sb_request_t *r) {
         sb_request_profile(r, &p);
         set_last_profile(sb, &p);
     }
-    pthread_mutex_lock(&sb->mu);
-    sb->held--;
-    pthread_mutex_unlock(&sb->mu);
+    count_objects(sb, 0, -1);
     request_unref(r);
 }
 
@@ -838,7 +1111,7 @@ static sb_status run(sb_switchboard_t *sb, const sb_input *inputs, size_t n, con
         res->n_prompt_cached = s->n_prompt_cached;
         res->n_generated = s->n_generated;
         range_profile(r, (int32_t)i, (int32_t)i + 1, &res->profile);
-        served_of(r->lease, &res->served);
+        served_of(r->held->lease, &res->served);
         if (!res->text && st == SB_OK && !(res->text = sb_calloc(1, 1)))
             st = sb_fail(err, SB_ERR_NOMEM, "out of memory for the results");
     }

@@ -15,6 +15,7 @@
 #include "batch/runner.h"
 #include "batch/video.h"
 #include "cli/cli.h"
+#include "api/api-internal.h"
 #include "model/chat.h"
 #include "registry/registry.h"
 #include "server/inproc.h"
@@ -36,7 +37,8 @@ static const char summarize_usage[] =
  * template size the prompts. */
 typedef struct llm_ctx {
     sb_srv *srv;
-    sb_reg_lease *lease;
+    sb_held_t *held;
+    const sb_reg_lease *lease; /* the held model's: its chat template */
     sb_gw_caller caller;
 } llm_ctx;
 
@@ -67,8 +69,8 @@ static void log_line(void *user, const char *line) { fprintf(stderr, "switchboar
 
 /* The name a one-model source serves under: the file's name without .gguf. */
 static const char *default_model(sb_srv *srv, char *buf, size_t cap) {
-    sb_reg_info info[2];
-    if (sb_registry_list(srv->reg, info, 2) != 1)
+    sb_model_info info[2];
+    if (sb_switchboard_list(srv->sb, info, 2) != 1)
         return NULL;
     snprintf(buf, cap, "%s", info[0].name);
     return buf;
@@ -172,10 +174,11 @@ int sb_cli_batch_summarize(int argc, char **argv) {
         sb_cli_error("%s serves several models: say which summarises with --model NAME", sp.models);
         goto done;
     }
-    if (sb_registry_acquire(srv->reg, name, NULL, &ctx.lease, &err) != SB_OK) {
+    if (sb_switchboard_acquire(srv->sb, name, NULL, &ctx.held, &err) != SB_OK) {
         sb_cli_error("%s", err.msg);
         goto done;
     }
+    ctx.lease = sb__held_lease(ctx.held);
     ctx.srv = srv;
     snprintf(ctx.caller.tier, sizeof ctx.caller.tier, "%s", SB_BATCH_TIER);
     ctx.caller.priority = SB_BATCH_PRIORITY;
@@ -186,7 +189,7 @@ int sb_cli_batch_summarize(int argc, char **argv) {
         .count_text = count_text,
         .user = &ctx,
         .model = sb_reg_lease_name(ctx.lease),
-        .n_ctx = sb_reg_lease_n_ctx(ctx.lease),
+        .n_ctx = sb_held_n_ctx(ctx.held),
     };
     sb_video_report report;
     sb_status st = sb_video_run(&vp, &llm, &report, &err);
@@ -197,8 +200,7 @@ int sb_cli_batch_summarize(int argc, char **argv) {
     else
         rc = 0;
 done:
-    if (ctx.lease)
-        sb_reg_lease_release(ctx.lease, SB_REG_KEEP_ALIVE_UNCHANGED);
+    sb_held_release(ctx.held, SB_KEEP_ALIVE_UNCHANGED);
     sb_srv_stop(srv);
     return rc;
 }

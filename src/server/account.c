@@ -23,10 +23,10 @@
  * Never the API key: two callers asking the same question get the same
  * answer.
  *
- * Cache values. The answer's events (sb_srv_event: each token's text,
+ * Cache values. The answer's events (sb_stream_event: each token's text,
  * logprobs and alternatives; each choice's end with its counts), not a
  * rendered body: a hit is replayed through the same code a live answer
- * goes through (sb_srv_gen_replay feeds them to sb_oai_resp_add, or to
+ * goes through (sb_srv_pull_replay feeds them to sb_oai_resp_add, or to
  * sb_oai_resp_chunk for a stream), so the whole body, or the chunks of a
  * stream, come out as the live ones did, with a new id and created time.
  * A hit reports every prompt token as cached.
@@ -157,7 +157,8 @@ static bool hash_body(sb_gw_hasher *h, const cJSON *root) {
 
 /* Whether the request is deterministic (greedy, or a seed fixed by the
  * client, the registry entry or the library prompt) and, if so, its key. */
-static bool cache_key(const sb_srv *srv, const sb_oai_req *r, const char *body, size_t len, sb_gw_cache_key *key) {
+static bool cache_key(const sb_srv *srv, const sb_oai_req *r, const char *served, const char *body, size_t len,
+                      sb_gw_cache_key *key) {
     const sb_regfile_model *cfg = sb_reg_lease_config(r->lease);
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root)
@@ -172,7 +173,7 @@ static bool cache_key(const sb_srv *srv, const sb_oai_req *r, const char *body, 
     sb_gw_hasher_init(&h);
     hash_str(&h, "switchboard response cache 1");
     hash_i64(&h, r->kind);
-    hash_str(&h, sb_reg_lease_name(r->lease));
+    hash_str(&h, served);
     hash_i64(&h, (int64_t)cfg->file.size);
     hash_i64(&h, cfg->file.mtime_ns);
     hash_i64(&h, cfg->chat_template ? (int64_t)cfg->chat_template_file.size : -1);
@@ -218,10 +219,10 @@ static bool cache_key(const sb_srv *srv, const sb_oai_req *r, const char *body, 
 
 static void put32(sb_srv_buf *b, int32_t v) { sb_srv_buf_append(b, (const char *)&v, sizeof v); }
 
-static void encode(sb_srv_buf *b, const sb_srv_event *ev) {
+static void encode(sb_srv_buf *b, const sb_stream_event *ev) {
     if (b->len == 0)
         sb_srv_buf_append(b, VALUE_MAGIC, 4);
-    put32(b, ev->choice);
+    put32(b, ev->index);
     put32(b, ev->done);
     put32(b, ev->finish);
     put32(b, ev->token);
@@ -259,24 +260,40 @@ static float getf(reader *r) {
     return f;
 }
 
-/* The events of a value, checked against the request (its choices); NULL
- * if anything does not fit (a value written by another version, a foreign
- * key): that is a miss. Every prompt token of a hit counts as cached. */
-static sb_srv_event *decode(const void *value, size_t len, int32_t n_choices) {
+/* One more event at the end of out (NULL if out of memory). */
+static sb_srv_replayed *replay_push(sb_srv_replay *out) {
+    if (out->n == out->cap) {
+        size_t cap = out->cap ? out->cap * 2 : 64;
+        sb_srv_replayed *e = sb_realloc(out->events, cap * sizeof *e);
+        if (!e)
+            return NULL;
+        out->events = e;
+        out->cap = cap;
+    }
+    sb_srv_replayed *e = &out->events[out->n++];
+    memset(e, 0, sizeof *e);
+    return e;
+}
+
+/* The events of a value into *out, checked against the request (its
+ * choices); false (out empty) if anything does not fit (a value written by
+ * another version, a foreign key): that is a miss. Every prompt token of a
+ * hit counts as cached. */
+static bool decode(const void *value, size_t len, int32_t n_choices, sb_srv_replay *out) {
     reader r = {(const uint8_t *)value, (const uint8_t *)value + len, len < 4 || memcmp(value, VALUE_MAGIC, 4) != 0};
     r.p += 4;
-    sb_srv_event *head = NULL, **tail = &head;
+    memset(out, 0, sizeof *out);
     int32_t n_done = 0;
     while (!r.bad && r.p < r.end) {
         int32_t choice = get32(&r), done = get32(&r), finish = get32(&r), token = get32(&r);
         float logprob = getf(&r);
         int32_t n_top = get32(&r);
         if (r.bad || choice < 0 || choice >= n_choices || n_top < 0 || n_top > 20 ||
-            (finish != SB_FINISH_NONE && finish != SB_FINISH_STOP && finish != SB_FINISH_LENGTH)) {
+            (finish != SB_FINISHED_NOT && finish != SB_FINISHED_STOP && finish != SB_FINISHED_LENGTH)) {
             r.bad = true;
             break;
         }
-        sb_top_logprob top[20];
+        sb_token_logprob top[20];
         for (int32_t i = 0; i < n_top; i++) {
             top[i].token = get32(&r);
             top[i].logprob = getf(&r);
@@ -286,27 +303,25 @@ static sb_srv_event *decode(const void *value, size_t len, int32_t n_choices) {
             r.bad = true;
             break;
         }
-        sb_srv_event *e = sb_calloc(1, sizeof *e + (size_t)text_len + 1);
-        if (!e) {
+        sb_srv_replayed *e = replay_push(out);
+        char *text = e ? sb_strndup((const char *)r.p, (size_t)text_len) : NULL;
+        if (!text) {
             r.bad = true;
             break;
         }
-        *e = (sb_srv_event){.choice = choice, .done = done != 0, .token = token, .logprob = logprob, .n_top = n_top,
-                            .finish = (sb_finish)finish, .n_prompt = n_prompt, .n_prompt_cached = n_prompt,
-                            .n_generated = n_generated, .text_len = (size_t)text_len};
+        e->ev = (sb_stream_event){.index = choice, .done = done != 0, .token = token, .text = text,
+                                  .text_len = (size_t)text_len, .logprob = logprob, .top = e->top, .n_top = n_top,
+                                  .finish = (sb_finish_reason)finish, .n_prompt = n_prompt,
+                                  .n_prompt_cached = n_prompt, .n_generated = n_generated};
         memcpy(e->top, top, (size_t)n_top * sizeof top[0]);
-        memcpy(e->text, r.p, (size_t)text_len);
-        e->text[text_len] = '\0';
         r.p += text_len;
-        *tail = e;
-        tail = &e->next;
-        n_done += e->done;
+        n_done += e->ev.done;
     }
     if (r.bad || n_done != n_choices) {
-        sb_srv_events_free(head);
-        return NULL;
+        sb_srv_replay_free(out);
+        return false;
     }
-    return head;
+    return true;
 }
 
 /* ---- one request ------------------------------------------------------------ */
@@ -341,15 +356,16 @@ sb_srv_acct *sb_srv_acct_begin(sb_srv *srv, const sb_oai_req *req, const char *b
     a->t_start = t_start;
     a->t_begin = mono_s();
     a->ttft_s = -1;
-    const char *route = sb_reg_lease_route(req->lease);
-    snprintf(a->served, sizeof a->served, "%s", sb_reg_lease_name(req->lease));
-    snprintf(a->requested, sizeof a->requested, "%s", route ? route : a->served);
+    sb_served served;
+    sb_held_served(req->held, &served);
+    snprintf(a->served, sizeof a->served, "%s", served.model);
+    snprintf(a->requested, sizeof a->requested, "%s", served.route[0] ? served.route : a->served);
     const sb_regfile_model *cfg = sb_reg_lease_config(req->lease);
     a->price_prompt = cfg->price_prompt;
     a->price_completion = cfg->price_completion;
     a->mm = sb_srv_metrics_model(&srv->metrics, a->served);
     if (A->cache && req->kind != SB_OAI_EMBEDDING)
-        a->cacheable = cache_key(srv, req, body, len, &a->key);
+        a->cacheable = cache_key(srv, req, served.model, body, len, &a->key);
     if (A->log && srv->p.log_prompts) {
         a->prompt_text = prompt_text(body, len);
         a->texts = sb_calloc((size_t)a->n_choices, sizeof *a->texts);
@@ -357,20 +373,19 @@ sb_srv_acct *sb_srv_acct_begin(sb_srv *srv, const sb_oai_req *req, const char *b
     return a;
 }
 
-sb_srv_event *sb_srv_acct_lookup(sb_srv_acct *a) {
+bool sb_srv_acct_lookup(sb_srv_acct *a, sb_srv_replay *out) {
     if (!a || !a->cacheable)
-        return NULL;
+        return false;
     void *value;
     size_t len;
-    sb_srv_event *evs = NULL;
+    a->hit = false;
     if (sb_gw_cache_get(a->srv->account->cache, &a->key, &value, &len)) {
-        evs = decode(value, len, a->n_choices);
+        a->hit = decode(value, len, a->n_choices, out);
         sb_free(value);
     }
-    a->hit = evs != NULL;
     if (a->mm)
         sb_srv_metrics_cache(a->mm, a->hit);
-    return evs;
+    return a->hit;
 }
 
 void sb_srv_acct_id(sb_srv_acct *a, const char *id) {
@@ -378,19 +393,19 @@ void sb_srv_acct_id(sb_srv_acct *a, const char *id) {
         snprintf(a->id, sizeof a->id, "%s", id);
 }
 
-void sb_srv_acct_event(sb_srv_acct *a, const sb_srv_event *ev) {
+void sb_srv_acct_event(sb_srv_acct *a, const sb_stream_event *ev) {
     if (!a)
         return;
     if (a->hit && a->ttft_s < 0) /* the answer is there at once */
         a->ttft_s = mono_s() - a->t_start;
     if (ev->done) {
-        if (ev->choice % a->n == 0) { /* the prompt counts once, however many choices it has (as usage says) */
+        if (ev->index % a->n == 0) { /* the prompt counts once, however many choices it has (as usage says) */
             a->prompt += ev->n_prompt;
             a->cached += ev->n_prompt_cached;
         }
         a->completion += ev->n_generated;
         a->n_done++;
-        if (ev->finish == SB_FINISH_ERROR || ev->finish == SB_FINISH_CANCELLED)
+        if (ev->finish == SB_FINISHED_ERROR || ev->finish == SB_FINISHED_CANCELLED)
             a->failed = true;
         if (!a->hit && ev->ttft_s > 0) {
             double t = a->t_begin - a->t_start + ev->ttft_s; /* the engine's, from submission */
@@ -400,8 +415,8 @@ void sb_srv_acct_event(sb_srv_acct *a, const sb_srv_event *ev) {
     }
     if (a->cacheable && !a->hit && !a->failed)
         encode(&a->value, ev);
-    if (a->texts && ev->choice >= 0 && ev->choice < a->n_choices)
-        sb_srv_buf_append(&a->texts[ev->choice], ev->text, ev->text_len);
+    if (a->texts && ev->index >= 0 && ev->index < a->n_choices)
+        sb_srv_buf_append(&a->texts[ev->index], ev->text, ev->text_len);
 }
 
 void sb_srv_acct_headers(const sb_srv_acct *a, struct MHD_Response *r) {

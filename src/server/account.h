@@ -26,8 +26,8 @@
 #include <stdbool.h>
 
 #include "server/buf.h"
-#include "server/gen.h"
 #include "server/openai.h"
+#include "server/pull.h"
 
 struct MHD_Response;
 
@@ -45,9 +45,10 @@ sb_status sb_srv_account_start(sb_srv *srv, sb_error *err);
 void sb_srv_account_stop(sb_srv *srv);
 
 sb_srv_acct *sb_srv_acct_begin(sb_srv *srv, const sb_oai_req *req, const char *body, size_t len, double t_start);
-sb_srv_event *sb_srv_acct_lookup(sb_srv_acct *a);
+/* A cached answer for the request into *out (true), else false: a miss. */
+bool sb_srv_acct_lookup(sb_srv_acct *a, sb_srv_replay *out);
 void sb_srv_acct_id(sb_srv_acct *a, const char *id);
-void sb_srv_acct_event(sb_srv_acct *a, const sb_srv_event *ev);
+void sb_srv_acct_event(sb_srv_acct *a, const sb_stream_event *ev);
 /* Adds x-switchboard-cache: hit|miss when the request could be cached. */
 void sb_srv_acct_headers(const sb_srv_acct *a, struct MHD_Response *r);
 /* Consumes a (NULL is a no-op). */

@@ -1,5 +1,6 @@
 /*
- * admin.c - the administration routes (see admin.h) over the registry.
+ * admin.c - the administration routes (see admin.h) over the public API's
+ * administration calls (switchboard.h).
  */
 #include <string.h>
 
@@ -19,16 +20,16 @@ static void put_json(sb_srv_buf *out, cJSON *o) {
     cJSON_Delete(o);
 }
 
-static cJSON *model_info_json(const sb_reg_info *m) {
+static cJSON *model_info_json(const sb_model_info *m) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", m->name);
     cJSON_AddStringToObject(o, "path", m->path);
-    cJSON_AddStringToObject(o, "state", sb_reg_state_name(m->state));
+    cJSON_AddStringToObject(o, "state", sb_model_state_str(m->state));
     cJSON_AddNumberToObject(o, "version", (double)m->version);
     cJSON_AddNumberToObject(o, "memory_bytes", (double)m->memory);
     cJSON_AddNumberToObject(o, "running", m->running);
     cJSON_AddNumberToObject(o, "waiting", m->waiting);
-    cJSON_AddNumberToObject(o, "requests_in_flight", m->leases);
+    cJSON_AddNumberToObject(o, "requests_in_flight", m->in_flight);
     if (m->last_used > 0)
         cJSON_AddNumberToObject(o, "last_used", m->last_used);
     else
@@ -43,15 +44,15 @@ static cJSON *model_info_json(const sb_reg_info *m) {
 }
 
 static void models_json(sb_srv *srv, sb_srv_buf *out) {
-    int32_t n = sb_registry_list(srv->reg, NULL, 0);
-    sb_reg_info *info = sb_calloc((size_t)(n > 0 ? n : 1), sizeof *info);
+    int32_t n = sb_switchboard_list(srv->sb, NULL, 0);
+    sb_model_info *info = sb_calloc((size_t)(n > 0 ? n : 1), sizeof *info);
     if (!info) {
         out->failed = true;
         return;
     }
-    n = SB_MIN(n, sb_registry_list(srv->reg, info, n));
-    sb_reg_totals t;
-    sb_registry_totals(srv->reg, &t);
+    n = SB_MIN(n, sb_switchboard_list(srv->sb, info, n));
+    sb_switchboard_totals t;
+    sb_switchboard_get_totals(srv->sb, &t);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(o, "data");
@@ -107,8 +108,8 @@ bool sb_srv_admin(sb_srv *srv, const char *url, sb_srv_buf *out, sb_oai_err *e) 
     }
     memcpy(model, name, (size_t)(slash - name));
     model[slash - name] = '\0';
-    sb_status st = strcmp(slash, "/load") == 0 ? sb_registry_load(srv->reg, model, &err)
-                                               : sb_registry_unload(srv->reg, model, &err);
+    sb_status st = strcmp(slash, "/load") == 0 ? sb_switchboard_load(srv->sb, model, &err)
+                                               : sb_switchboard_unload(srv->sb, model, &err);
     if (st != SB_OK)
         return fail(e, st, &err);
     models_json(srv, out);

@@ -10,7 +10,7 @@
 
 #include <stdbool.h>
 
-#include "registry/regfile.h"
+#include "api/api-internal.h"
 #include "server/buf.h"
 #include "server/openai.h"
 

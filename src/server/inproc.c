@@ -1,7 +1,8 @@
 /*
  * inproc.c - the generation endpoints' work short of HTTP (see inproc.h):
- * parse the body, submit its choices to the model's engine, collect the
- * events and render the answer, with every failure as OpenAI's error JSON.
+ * parse the body, submit its choices on the held model (switchboard.h),
+ * collect the events and render the answer, with every failure as OpenAI's
+ * error JSON.
  */
 #include <string.h>
 #include <time.h>
@@ -36,8 +37,8 @@ static bool call_error(sb_srv_call *c, const sb_oai_err *e) {
     return false;
 }
 
-/* An engine submission failure as an answer: the queue is full (503), the
- * engine refuses the request (400), or not ready (503). */
+/* A submission failure as an answer: the queue is full (503), the engine
+ * refuses the request (400), or not ready (503). */
 static void submit_error(const sb_error *err, sb_status st, sb_oai_err *e) {
     if (st == SB_ERR_BUSY)
         sb_oai_err_set(e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "server_busy",
@@ -66,7 +67,7 @@ static int64_t tokens_reserved(const sb_oai_req *req) {
     }
     if (req->kind == SB_OAI_EMBEDDING)
         return prompt;
-    int64_t gen = req->max_tokens > 0 ? req->max_tokens : SB_MAX(sb_reg_lease_n_ctx(req->lease) - longest, 0);
+    int64_t gen = req->max_tokens > 0 ? req->max_tokens : SB_MAX(sb_held_n_ctx(req->held) - longest, 0);
     return prompt + gen * req->n_choices;
 }
 
@@ -101,7 +102,9 @@ bool sb__srv_call_start(sb_srv *srv, sb_oai_kind kind, const char *body, size_t 
         return call_error(c, &e);
     }
     if (gw) {
-        if (!sb_gw_admit(srv->gw, gw, sb_reg_lease_name(c->req.lease), tokens_reserved(&c->req))) {
+        sb_served served;
+        sb_held_served(c->req.held, &served);
+        if (!sb_gw_admit(srv->gw, gw, served.model, tokens_reserved(&c->req))) {
             sb_srv_acct_refused(srv, kind, &gw->caller, body, len, t_start, gw->verdict.status);
             return refused(c, &gw->verdict);
         }
@@ -116,9 +119,9 @@ bool sb__srv_call_start(sb_srv *srv, sb_oai_kind kind, const char *body, size_t 
     }
     c->acct = sb_srv_acct_begin(srv, &c->req, body, len, t_start);
     sb_error err;
-    sb_srv_event *cached = sb_srv_acct_lookup(c->acct);
-    sb_status st = cached ? sb_srv_gen_replay(cached, &c->gen, &err)
-                          : sb_srv_gen_submit(srv, &c->req, client_fd, &c->gen, &err);
+    sb_srv_replay cached;
+    sb_status st = sb_srv_acct_lookup(c->acct, &cached) ? sb_srv_pull_replay(&cached, &c->pull, &err)
+                                                        : sb_srv_pull_submit(srv, &c->req, client_fd, &c->pull, &err);
     if (st != SB_OK) {
         submit_error(&err, st, &e);
         return call_error(c, &e);
@@ -132,23 +135,18 @@ bool sb__srv_call_finish(sb_srv *srv, sb_srv_call *c, bool *gone) {
     bool ok = false;
     c->status = MHD_HTTP_INTERNAL_SERVER_ERROR; /* until there is an answer */
     if (!sb_oai_resp_init(&resp, srv, &c->req)) {
-        sb_srv_gen_cancel(c->gen);
+        sb_srv_pull_cancel(c->pull);
         goto done;
     }
     sb_srv_acct_id(c->acct, resp.id);
-    for (;;) {
-        sb_srv_event *evs = sb_srv_gen_next(c->gen, gone);
-        if (*gone) {
-            c->status = 499; /* nginx's "client closed request", as the metrics count it */
-            goto done;
-        }
-        if (!evs)
-            break;
-        for (sb_srv_event *ev = evs; ev; ev = ev->next) {
-            sb_srv_acct_event(c->acct, ev);
-            sb_oai_resp_add(&resp, ev);
-        }
-        sb_srv_events_free(evs);
+    sb_stream_event ev;
+    while (sb_srv_pull_next(c->pull, &ev, gone)) {
+        sb_srv_acct_event(c->acct, &ev);
+        sb_oai_resp_add(&resp, &ev);
+    }
+    if (*gone) {
+        c->status = 499; /* nginx's "client closed request", as the metrics count it */
+        goto done;
     }
     sb_oai_err e;
     if (sb_oai_resp_body(&resp, &c->body, &e))
@@ -165,7 +163,7 @@ done:
 void sb__srv_call_free(sb_srv *srv, sb_srv_call *c) {
     sb_gw_settle(srv->gw, &c->req.caller, c->tokens_used); /* a no-op unless admitted */
     sb_srv_acct_end(c->acct, c->status);
-    sb_srv_gen_release(c->gen);
+    sb_srv_pull_free(c->pull);
     sb_oai_req_free(&c->req);
     sb_srv_buf_free(&c->body);
     memset(c, 0, sizeof *c);

@@ -19,8 +19,8 @@
 #include "gateway/gateway.h"
 #include "server/account.h"
 #include "server/buf.h"
-#include "server/gen.h"
 #include "server/openai.h"
+#include "server/pull.h"
 #include "switchboard.h"
 
 typedef struct sb_srv sb_srv;
@@ -43,8 +43,8 @@ sb_status sb_srv_execute(sb_srv *srv, const char *url_path, const char *body, si
 /* ---- the shared code path (server.c's handler and sb_srv_execute) ---- */
 
 typedef struct sb_srv_call {
-    sb_oai_req req;    /* parsed (holds the model's lease) until sb__srv_call_free */
-    sb_srv_gen *gen;   /* submitted generations (or a cached answer's replay); a streaming caller takes this reference */
+    sb_oai_req req;    /* parsed (holds the serving model) until sb__srv_call_free */
+    sb_srv_pull *pull; /* the submitted request's events (or a cached answer's); a streaming caller takes it */
     sb_srv_acct *acct; /* cache, usage and log of this request (account.h); a streaming caller takes it */
     unsigned status;   /* HTTP status of the answer in `body` */
     int64_t tokens_used; /* prompt and generated tokens, for the gateway's settlement */

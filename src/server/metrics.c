@@ -197,37 +197,37 @@ static void render_models(sb_srv_buf *out, const sb_srv_model_metrics *models, s
 }
 
 /* The engines of the loaded models, one family per figure. */
-static void render_engines(sb_srv_buf *out, const sb_srv_engine_sample *es, size_t n) {
-#define ENGINE_FIGURE(name, type, help, expr)                                                                \
+static void render_engines(sb_srv_buf *out, const sb_model_info *es, size_t n) {
+#define ENGINE_FIGURE(metric, type, help, expr)                                                              \
     do {                                                                                                     \
-        header(out, name, type, help);                                                                       \
+        header(out, metric, type, help);                                                                     \
         for (size_t i = 0; i < n; i++) {                                                                     \
-            const sb_srv_engine_sample *e = &es[i];                                                          \
-            model_sample(out, name, "", e->model, "", (double)(expr));                                       \
+            const sb_model_info *e = &es[i];                                                                 \
+            model_sample(out, metric, "", e->name, "", (double)(expr));                                      \
         }                                                                                                    \
     } while (0)
     ENGINE_FIGURE("switchboard_prompt_tokens_computed_total", "counter", "Prompt positions run through the model.",
-                  e->stats.prompt_tokens_computed);
+                  e->prompt_tokens_computed);
     ENGINE_FIGURE("switchboard_prompt_tokens_cached_total", "counter",
-                  "Prompt positions reused from the prefix cache instead of computed.", e->stats.prompt_tokens_cached);
+                  "Prompt positions reused from the prefix cache instead of computed.", e->prompt_tokens_cached);
     ENGINE_FIGURE("switchboard_engine_generated_tokens_total", "counter",
-                  "Tokens sampled by the engine (including cancelled requests).", e->stats.generated_tokens);
+                  "Tokens sampled by the engine (including cancelled requests).", e->generated_tokens);
     ENGINE_FIGURE("switchboard_preemptions_total", "counter",
-                  "Sequences preempted for lack of KV cache and recomputed later.", e->stats.preemptions);
-    ENGINE_FIGURE("switchboard_engine_steps_total", "counter", "Forward steps run by the engine.", e->stats.steps);
-    ENGINE_FIGURE("switchboard_queue_length", "gauge", "Requests waiting to start.", e->stats.waiting);
-    ENGINE_FIGURE("switchboard_running_sequences", "gauge", "Sequences being generated.", e->stats.running);
-    ENGINE_FIGURE("switchboard_kv_cache_blocks_used", "gauge", "KV-cache blocks in use.", e->stats.kv_blocks_used);
+                  "Sequences preempted for lack of KV cache and recomputed later.", e->preemptions);
+    ENGINE_FIGURE("switchboard_engine_steps_total", "counter", "Forward steps run by the engine.", e->steps);
+    ENGINE_FIGURE("switchboard_queue_length", "gauge", "Requests waiting to start.", e->waiting);
+    ENGINE_FIGURE("switchboard_running_sequences", "gauge", "Sequences being generated.", e->running);
+    ENGINE_FIGURE("switchboard_kv_cache_blocks_used", "gauge", "KV-cache blocks in use.", e->kv_blocks_used);
     ENGINE_FIGURE("switchboard_kv_cache_blocks", "gauge", "KV-cache blocks in all (the pool's size).",
-                  e->stats.kv_blocks_total);
-    ENGINE_FIGURE("switchboard_kv_cache_block_size", "gauge", "Positions per KV-cache block.", e->stats.block_size);
+                  e->kv_blocks_total);
+    ENGINE_FIGURE("switchboard_kv_cache_block_size", "gauge", "Positions per KV-cache block.", e->block_size);
     ENGINE_FIGURE("switchboard_model_memory_bytes", "gauge",
                   "What a loaded model costs: weights, KV pool and scratch, measured.", e->memory);
 #undef ENGINE_FIGURE
 }
 
-void sb_srv_metrics_render(sb_srv_metrics *m, const sb_srv_engine_sample *engines, size_t n_engines,
-                           const sb_reg_totals *totals, sb_srv_buf *out) {
+void sb_srv_metrics_render(sb_srv_metrics *m, const sb_model_info *engines, size_t n_engines,
+                           const sb_switchboard_totals *totals, sb_srv_buf *out) {
     /* Copied under the locks, rendered without them. */
     pthread_mutex_lock(&m->mu);
     uint64_t requests[SB_SRV_EP_COUNT][SB_SRV_N_STATUS];

@@ -18,9 +18,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/engine.h"
-#include "registry/registry.h"
 #include "server/buf.h"
+#include "switchboard.h"
 
 /* The label values of switchboard_requests_total{endpoint=...}. */
 typedef enum sb_srv_endpoint {
@@ -82,16 +81,10 @@ void sb_srv_metrics_cache(sb_srv_model_metrics *mm, bool hit);
 /* Records the gap between two consecutive tokens of one sequence. */
 void sb_srv_metrics_itl(sb_srv_model_metrics *mm, double seconds);
 
-/* One loaded model's engine figures at scrape time. */
-typedef struct sb_srv_engine_sample {
-    const char *model;
-    sb_engine_stats stats;
-    size_t memory; /* bytes */
-} sb_srv_engine_sample;
-
 /* Appends the whole exposition to out: the counters, the engines of the
- * loaded models, and the registry's totals (NULL while starting). */
-void sb_srv_metrics_render(sb_srv_metrics *m, const sb_srv_engine_sample *engines, size_t n_engines,
-                           const struct sb_reg_totals *totals, sb_srv_buf *out);
+ * loaded models (their sb_switchboard_list entries at scrape time), and the
+ * registry's totals (NULL while starting). */
+void sb_srv_metrics_render(sb_srv_metrics *m, const sb_model_info *loaded, size_t n_loaded,
+                           const sb_switchboard_totals *totals, sb_srv_buf *out);
 
 #endif

@@ -14,8 +14,6 @@
 #include <utf8proc.h>
 
 #include "base/base.h"
-#include "registry/prompts.h"
-#include "server/gen.h"
 #include "server/openai.h"
 #include "server/server-impl.h"
 #include "server/structured.h"
@@ -249,7 +247,7 @@ static bool alloc_prompts(sb_oai_req *r, int32_t n, const char *param, sb_oai_er
 /* A completion prompt or embedding input: a string, an array of strings, an
  * array of token ids, or an array of token-id arrays. */
 static bool parse_prompts(const cJSON *root, const char *name, sb_oai_req *r, sb_oai_err *e) {
-    const sb_model_t *model = sb_reg_lease_model(r->lease);
+    const sb_model_t *model = sb_held_model(r->held);
     const cJSON *v = field(root, name);
     if (v && cJSON_IsObject(v) && r->library_text) /* a reference to the prompt library, rendered */
         return alloc_prompts(r, 1, name, e) && tokenize(model, r->library_text, strlen(r->library_text), true, true,
@@ -599,8 +597,8 @@ static bool library_prompt(sb_srv *srv, const cJSON *root, const char *name, sb_
         snprintf(ver, sizeof ver, "%.63s", version->valuestring);
     else if (version && !cJSON_IsNull(version))
         return bad_type(e, "prompt.version", "a string or a number", version);
-    r->reg = srv->reg;
-    r->library_file = sb_registry_file_acquire(srv->reg);
+    r->reg = sb__switchboard_registry(srv->sb);
+    r->library_file = sb_registry_file_acquire(r->reg);
     sb_error err;
     if (sb_prompt_lookup(r->library_file, id->valuestring, ver[0] ? ver : NULL, &r->library, &err) != SB_OK) {
         sb_oai_err_set(e, 404, "invalid_request_error", "prompt_not_found", param, "%s", err.msg);
@@ -633,7 +631,7 @@ static bool get_keep_alive(const cJSON *root, sb_oai_req *r, sb_oai_err *e) {
  * client's bytes, cut on a character), then the names there are. */
 static void not_found(sb_srv *srv, const char *name, sb_oai_err *e) {
     char q[216], names[1024], list[400] = "";
-    int32_t n = sb_registry_names(srv->reg, names, sizeof names);
+    int32_t n = sb_switchboard_models(srv->sb, names, sizeof names);
     size_t len = 0;
     const char *p = names;
     for (int32_t i = 0; i < n && len + 8 < sizeof list; i++, p += strlen(p) + 1) {
@@ -657,7 +655,7 @@ static bool route_model(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_er
     if (user && !cJSON_IsString(user))
         return bad_type(e, "user", "a string", user);
     sb_error err;
-    sb_status st = sb_registry_acquire(srv->reg, name, user ? user->valuestring : NULL, &r->lease, &err);
+    sb_status st = sb_switchboard_acquire(srv->sb, name, user ? user->valuestring : NULL, &r->held, &err);
     if (st == SB_ERR_MODEL_NOT_FOUND)
         not_found(srv, name, e);
     else if (st == SB_ERR_OVER_BUDGET)
@@ -668,6 +666,7 @@ static bool route_model(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_er
         sb_oai_err_set(e, 503, "server_error", "model_unavailable", "model", "%s", err.msg);
     if (st != SB_OK)
         return false;
+    r->lease = sb__held_lease(r->held);
     return get_keep_alive(root, r, e);
 }
 
@@ -697,7 +696,7 @@ static bool parse_chat(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oai_err
     if (!chat_prompt(root, r, e))
         return false;
     /* Without max_tokens, a chat answer may run to the end of the model's context. */
-    int32_t n_ctx = sb_reg_lease_n_ctx(r->lease);
+    int32_t n_ctx = sb_held_n_ctx(r->held);
     if (r->max_tokens <= 0 && n_ctx > r->prompt_lens[0])
         r->max_tokens = n_ctx - r->prompt_lens[0];
     return true;
@@ -734,7 +733,7 @@ static bool parse_embedding(sb_srv *srv, const cJSON *root, sb_oai_req *r, sb_oa
         else if (strcmp(fmt->valuestring, "float") != 0)
             return invalid(e, "encoding_format", "invalid_value", "'encoding_format' must be 'float' or 'base64'");
     }
-    const int32_t n_embd = sb_model_n_embd(sb_reg_lease_model(r->lease));
+    const int32_t n_embd = sb_model_n_embd(sb_held_model(r->held));
     int64_t dims = n_embd;
     if (!get_int(root, "dimensions", 1, 1 << 30, &dims, NULL, e))
         return false;
@@ -820,7 +819,7 @@ static bool refuse_nul(const char *body, size_t len, const cJSON *root, size_t a
 bool sb_oai_parse(sb_srv *srv, sb_oai_kind kind, const char *body, size_t len, sb_oai_req *out, sb_oai_err *e) {
     memset(out, 0, sizeof *out);
     out->kind = kind;
-    out->keep_alive_s = SB_REG_KEEP_ALIVE_UNCHANGED;
+    out->keep_alive_s = SB_KEEP_ALIVE_UNCHANGED;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {
@@ -868,33 +867,37 @@ void sb_oai_req_free(sb_oai_req *r) {
     for (size_t i = 0; i < r->n_stops; i++)
         sb_free(r->stops[i]);
     /* The grammar may point into the serving model's vocabulary tables: it goes first. */
-    sb_grammar_unref(r->grammar);
+    sb_grammar_free(r->grammar);
     sb_free(r->logit_bias);
     cJSON_Delete(r->tools);
     cJSON_free(r->tools_json);
-    sb_reg_lease_release(r->lease, r->keep_alive_s);
+    sb_held_release(r->held, r->keep_alive_s);
     if (r->library_file)
         sb_registry_file_release(r->reg, r->library_file);
     sb_free(r->library_text);
     memset(r, 0, sizeof *r);
 }
 
-void sb_oai_gen_params(const sb_oai_req *r, int32_t c, sb_gen_params *out) {
-    int32_t p = c / r->n;
-    *out = (sb_gen_params){
-        .prompt = r->prompts[p],
-        .n_prompt = r->prompt_lens[p],
-        .max_tokens = r->max_tokens,
-        .sampling = r->sampling,
-        .stops = (const char *const *)r->stops,
-        .n_stops = r->n_stops,
-        .top_logprobs = r->top_logprobs,
-        .logprobs = r->logprobs,
-        .embedding = r->kind == SB_OAI_EMBEDDING,
-        .grammar = r->grammar,
-        .priority = r->caller.priority,
-    };
-    out->sampling.seed += (uint64_t)(c % r->n);
+void sb_oai_inputs(const sb_oai_req *r, sb_input *inputs, sb_infer_params *params) {
+    for (int32_t c = 0; c < r->n_choices; c++) {
+        int32_t p = c / r->n;
+        inputs[c] = (sb_input){.kind = SB_INPUT_TOKENS, .tokens = r->prompts[p], .n_tokens = (size_t)r->prompt_lens[p],
+                               .seed_offset = (uint64_t)(c % r->n)};
+    }
+    *params = sb_infer_default_params();
+    /* Everything resolved already (the registry's and the library prompt's
+     * defaults applied): the API adds none of its own. The stop list is
+     * never NULL, so an empty one stays empty. */
+    params->sampling = &r->sampling;
+    params->max_tokens = r->max_tokens > 0 ? r->max_tokens : -1; /* <= 0: until the context is full */
+    params->stops = (const char *const *)r->stops;
+    params->n_stops = r->n_stops;
+    params->logprobs = r->logprobs;
+    params->top_logprobs = r->top_logprobs;
+    params->embedding = r->kind == SB_OAI_EMBEDDING;
+    params->grammar = r->grammar;
+    params->priority = r->caller.priority;
+    params->keep_alive_s = r->keep_alive_s;
 }
 
 /* ---- answers ------------------------------------------------------------- */
@@ -906,6 +909,7 @@ bool sb_oai_resp_init(sb_oai_resp *r, sb_srv *srv, const sb_oai_req *req) {
     r->created = (int64_t)time(NULL);
     snprintf(r->id, sizeof r->id, "%s%016llx", req->kind == SB_OAI_CHAT ? "chatcmpl-" : "cmpl-",
              (unsigned long long)sb__srv_random(srv));
+    sb_held_served(req->held, &r->served);
     r->choices = sb_calloc((size_t)req->n_choices, sizeof *r->choices);
     return r->choices != NULL;
 }
@@ -925,7 +929,7 @@ void sb_oai_resp_free(sb_oai_resp *r) {
     r->choices = NULL;
 }
 
-static const char *finish_reason(sb_finish f) { return f == SB_FINISH_LENGTH ? "length" : "stop"; }
+static const char *finish_reason(sb_finish_reason f) { return f == SB_FINISHED_LENGTH ? "length" : "stop"; }
 
 /* A token's text as OpenAI shows it in logprobs (leading space included). */
 static void token_piece(const sb_model_t *model, int32_t token, char *buf, size_t cap) {
@@ -942,7 +946,7 @@ static cJSON *bytes_json(const char *s) {
 }
 
 /* Chat: one entry of logprobs.content. */
-static cJSON *chat_logprob(const sb_model_t *model, const sb_srv_event *ev) {
+static cJSON *chat_logprob(const sb_model_t *model, const sb_stream_event *ev) {
     char piece[256];
     cJSON *o = cJSON_CreateObject();
     token_piece(model, ev->token, piece, sizeof piece);
@@ -962,7 +966,7 @@ static cJSON *chat_logprob(const sb_model_t *model, const sb_srv_event *ev) {
 }
 
 /* Completions: appends one token to a {tokens, token_logprobs, top_logprobs, text_offset} object. */
-static void completion_logprob(const sb_model_t *model, cJSON *lp, const sb_srv_event *ev, size_t offset) {
+static void completion_logprob(const sb_model_t *model, cJSON *lp, const sb_stream_event *ev, size_t offset) {
     char piece[256];
     token_piece(model, ev->token, piece, sizeof piece);
     cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "tokens"), cJSON_CreateString(piece));
@@ -986,32 +990,34 @@ static cJSON *completion_logprobs_new(void) {
     return lp;
 }
 
-/* Records a DONE event's outcome in its choice. */
-static void record_done(sb_oai_resp *r, sb_oai_choice *c, sb_srv_event *ev) {
+/* Records a done event's outcome in its choice (an embedding or error
+ * copied: the event's pointers last only until the next one). */
+static void record_done(sb_oai_resp *r, sb_oai_choice *c, const sb_stream_event *ev) {
     c->done = true;
     c->finish = ev->finish;
     c->n_prompt = ev->n_prompt;
     c->n_cached = ev->n_prompt_cached;
     c->n_generated = ev->n_generated;
-    c->embedding = ev->embedding;
-    c->n_embd = ev->n_embd;
-    ev->embedding = NULL;
-    c->error = ev->error;
-    ev->error = NULL;
+    if (ev->embedding && ev->n_embd > 0 && (c->embedding = sb_malloc((size_t)ev->n_embd * sizeof(float)))) {
+        memcpy(c->embedding, ev->embedding, (size_t)ev->n_embd * sizeof(float));
+        c->n_embd = ev->n_embd;
+    }
+    if (ev->error)
+        c->error = sb_strndup(ev->error, strlen(ev->error));
     r->n_done++;
 }
 
-void sb_oai_resp_add(sb_oai_resp *r, sb_srv_event *ev) {
-    sb_oai_choice *c = &r->choices[ev->choice];
+void sb_oai_resp_add(sb_oai_resp *r, const sb_stream_event *ev) {
+    sb_oai_choice *c = &r->choices[ev->index];
     if (!ev->done && r->req->logprobs) {
         if (r->req->kind == SB_OAI_CHAT) {
             if (!c->logprobs)
                 c->logprobs = cJSON_CreateArray();
-            cJSON_AddItemToArray(c->logprobs, chat_logprob(sb_reg_lease_model(r->req->lease), ev));
+            cJSON_AddItemToArray(c->logprobs, chat_logprob(sb_held_model(r->req->held), ev));
         } else {
             if (!c->logprobs)
                 c->logprobs = completion_logprobs_new();
-            completion_logprob(sb_reg_lease_model(r->req->lease), c->logprobs, ev, c->text.len);
+            completion_logprob(sb_held_model(r->req->held), c->logprobs, ev, c->text.len);
         }
     }
     sb_srv_buf_append(&c->text, ev->text, ev->text_len);
@@ -1042,14 +1048,14 @@ static cJSON *usage_json(const sb_oai_resp *r) {
 /* What routing did, when it did more than serve the model asked for: the
  * fallback's reason, the route (A/B) the request named. */
 static void add_metadata(const sb_oai_resp *r, cJSON *o) {
-    const char *fb = sb_reg_lease_fallback(r->req->lease), *route = sb_reg_lease_route(r->req->lease);
-    if (!fb && !route)
+    const sb_served *s = &r->served;
+    if (!s->fallback && !s->route[0])
         return;
     cJSON *m = cJSON_AddObjectToObject(o, "metadata");
-    if (fb)
-        cJSON_AddStringToObject(m, "fallback", fb);
-    if (route)
-        cJSON_AddStringToObject(m, "route", route);
+    if (s->fallback)
+        cJSON_AddStringToObject(m, "fallback", s->fallback_reason);
+    if (s->route[0])
+        cJSON_AddStringToObject(m, "route", s->route);
 }
 
 /* The fields every chat/completion object and chunk starts with. */
@@ -1058,7 +1064,7 @@ static cJSON *envelope(const sb_oai_resp *r, const char *object) {
     cJSON_AddStringToObject(o, "id", r->id);
     cJSON_AddStringToObject(o, "object", object);
     cJSON_AddNumberToObject(o, "created", (double)r->created);
-    cJSON_AddStringToObject(o, "model", sb_reg_lease_name(r->req->lease));
+    cJSON_AddStringToObject(o, "model", r->served.model);
     cJSON_AddNullToObject(o, "system_fingerprint");
     add_metadata(r, o);
     return o;
@@ -1103,7 +1109,7 @@ static cJSON *embeddings_body(const sb_oai_resp *r) {
         cJSON_AddItemToObject(d, "embedding", embedding_json(r->choices[i].embedding, r->choices[i].n_embd, r->req->base64));
         cJSON_AddItemToArray(data, d);
     }
-    cJSON_AddStringToObject(o, "model", sb_reg_lease_name(r->req->lease));
+    cJSON_AddStringToObject(o, "model", r->served.model);
     add_metadata(r, o);
     cJSON_AddItemToObject(o, "usage", usage_json(r));
     return o;
@@ -1112,11 +1118,11 @@ static cJSON *embeddings_body(const sb_oai_resp *r) {
 bool sb_oai_resp_body(sb_oai_resp *r, sb_srv_buf *out, sb_oai_err *e) {
     for (int32_t i = 0; i < r->req->n_choices; i++) {
         const sb_oai_choice *c = &r->choices[i];
-        if (c->finish == SB_FINISH_CANCELLED) { /* nobody else cancels a waiting request: the server stops */
+        if (c->finish == SB_FINISHED_CANCELLED) { /* nobody else cancels a waiting request: the server stops */
             sb_oai_err_set(e, 503, "server_error", "server_stopping", NULL, "the server is stopping");
             return false;
         }
-        if (c->finish == SB_FINISH_ERROR || !c->done || c->text.failed ||
+        if (c->finish == SB_FINISHED_ERROR || !c->done || c->text.failed ||
             (r->req->kind == SB_OAI_EMBEDDING && !c->embedding)) {
             sb_oai_err_set(e, 500, "server_error", NULL, NULL, "generation failed: %s",
                            c->error ? c->error : "out of memory");
@@ -1221,7 +1227,7 @@ static cJSON *content_delta(const char *text) {
  * open a call; at the end, the calls, each as a delta with its id and name
  * and then a delta of its arguments. Returns whether ev ends the choice;
  * *finish becomes "tool_calls" when it made calls. */
-static bool tools_chunk(sb_oai_resp *r, sb_oai_choice *c, const sb_srv_event *ev, cJSON *lp, sb_srv_buf *out,
+static bool tools_chunk(sb_oai_resp *r, sb_oai_choice *c, const sb_stream_event *ev, cJSON *lp, sb_srv_buf *out,
                         const char **finish) {
     if (!c->tools && !(c->tools = sb_calloc(1, sizeof *c->tools))) {
         out->failed = true;
@@ -1231,7 +1237,7 @@ static bool tools_chunk(sb_oai_resp *r, sb_oai_choice *c, const sb_srv_event *ev
     sb_srv_buf emit = {0};
     sb__tools_stream_push(r->req, c->tools, ev->text, ev->text_len, &emit);
     cJSON *calls = NULL;
-    if (ev->done && ev->finish != SB_FINISH_ERROR && ev->finish != SB_FINISH_CANCELLED) {
+    if (ev->done && ev->finish != SB_FINISHED_ERROR && ev->finish != SB_FINISHED_CANCELLED) {
         sb_tool_stream *ts = c->tools;
         char *content = NULL;
         calls = sb__tools_parse(r->srv, r->req, ts->text.p ? ts->text.p : "", ts->text.len, &content);
@@ -1241,7 +1247,7 @@ static bool tools_chunk(sb_oai_resp *r, sb_oai_choice *c, const sb_srv_event *ev
         sb_free(content);
     }
     if (emit.len || lp)
-        chunk(r, ev->choice, content_delta(emit.p ? emit.p : ""), NULL, lp, NULL, out);
+        chunk(r, ev->index, content_delta(emit.p ? emit.p : ""), NULL, lp, NULL, out);
     sb_srv_buf_free(&emit);
     int i = 0;
     cJSON *call;
@@ -1254,13 +1260,13 @@ static bool tools_chunk(sb_oai_resp *r, sb_oai_choice *c, const sb_srv_event *ev
         for (cJSON *f = call->child; f; f = f->next)
             cJSON_AddItemToObject(head, f->string, cJSON_Duplicate(f, true));
         cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), head);
-        chunk(r, ev->choice, d, NULL, NULL, NULL, out);
+        chunk(r, ev->index, d, NULL, NULL, NULL, out);
         cJSON *part = cJSON_CreateObject(), *d2 = cJSON_CreateObject(), *f2 = cJSON_CreateObject();
         cJSON_AddNumberToObject(part, "index", i++);
         cJSON_AddItemToObject(f2, "arguments", args);
         cJSON_AddItemToObject(part, "function", f2);
         cJSON_AddItemToArray(cJSON_AddArrayToObject(d2, "tool_calls"), part);
-        chunk(r, ev->choice, d2, NULL, NULL, NULL, out);
+        chunk(r, ev->index, d2, NULL, NULL, NULL, out);
     }
     if (calls)
         *finish = "tool_calls";
@@ -1277,18 +1283,18 @@ void sb_oai_resp_start(sb_oai_resp *r, sb_srv_buf *out) {
     }
 }
 
-bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out) {
-    sb_oai_choice *c = &r->choices[ev->choice];
+bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_stream_event *ev, sb_srv_buf *out) {
+    sb_oai_choice *c = &r->choices[ev->index];
     bool chat = r->req->kind == SB_OAI_CHAT;
     cJSON *lp = NULL;
     if (!ev->done && r->req->logprobs) {
         if (chat) {
             lp = cJSON_CreateObject();
-            cJSON_AddItemToArray(cJSON_AddArrayToObject(lp, "content"), chat_logprob(sb_reg_lease_model(r->req->lease), ev));
+            cJSON_AddItemToArray(cJSON_AddArrayToObject(lp, "content"), chat_logprob(sb_held_model(r->req->held), ev));
             cJSON_AddNullToObject(lp, "refusal");
         } else {
             lp = completion_logprobs_new();
-            completion_logprob(sb_reg_lease_model(r->req->lease), lp, ev, c->text_offset);
+            completion_logprob(sb_held_model(r->req->held), lp, ev, c->text_offset);
         }
     }
     c->text_offset += ev->text_len;
@@ -1298,7 +1304,7 @@ bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out) 
             return false;
     } else {
         if (ev->text_len || lp)
-            chunk(r, ev->choice, chat ? content_delta(ev->text) : NULL, ev->text, lp, NULL, out);
+            chunk(r, ev->index, chat ? content_delta(ev->text) : NULL, ev->text, lp, NULL, out);
         if (!ev->done)
             return false;
     }
@@ -1308,9 +1314,9 @@ bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out) 
     c->n_cached = ev->n_prompt_cached;
     c->n_generated = ev->n_generated;
     r->n_done++;
-    if (ev->finish == SB_FINISH_ERROR || ev->finish == SB_FINISH_CANCELLED) {
+    if (ev->finish == SB_FINISHED_ERROR || ev->finish == SB_FINISHED_CANCELLED) {
         sb_oai_err e;
-        if (ev->finish == SB_FINISH_CANCELLED) /* only the server stopping cancels a stream that still has its client */
+        if (ev->finish == SB_FINISHED_CANCELLED) /* only the server stopping cancels a stream that still has its client */
             sb_oai_err_set(&e, 503, "server_error", "server_stopping", NULL, "the server is stopping");
         else
             sb_oai_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
@@ -1319,7 +1325,7 @@ bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out) 
         sb_oai_err_json(&e, out);
         sb_srv_buf_puts(out, "\n\n");
     } else {
-        chunk(r, ev->choice, chat ? cJSON_CreateObject() : NULL, "", NULL, finish ? finish : finish_reason(ev->finish),
+        chunk(r, ev->index, chat ? cJSON_CreateObject() : NULL, "", NULL, finish ? finish : finish_reason(ev->finish),
               out);
     }
     if (r->n_done < r->req->n_choices)
@@ -1347,7 +1353,7 @@ static cJSON *model_json(const sb_srv *srv, const char *id) {
 
 bool sb_oai_models_json(sb_srv *srv, const char *id, sb_srv_buf *out) {
     char names[16384];
-    int32_t n = sb_registry_names(srv->reg, names, sizeof names);
+    int32_t n = sb_switchboard_models(srv->sb, names, sizeof names);
     cJSON *list = id ? NULL : cJSON_CreateObject();
     cJSON *data = list ? cJSON_AddArrayToObject(list, "data") : NULL;
     if (list)

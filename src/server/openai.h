@@ -1,8 +1,8 @@
 /*
  * openai.h - the OpenAI API's request and response shapes: parsing a
  * /v1/chat/completions, /v1/completions or /v1/embeddings body into token
- * prompts and engine parameters, and building the JSON answers (whole, or
- * as server-sent-event chunks) from engine events.
+ * prompts and the public API's parameters (switchboard.h), and building the
+ * JSON answers (whole, or as server-sent-event chunks) from its events.
  *
  * Parsing is strict where OpenAI is: a field of the wrong type or out of
  * range is a 400 naming it, and fields OpenAI defines but switchboard does
@@ -15,13 +15,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "api/api-internal.h"
 #include "gateway/caller.h"
-#include "engine/engine.h"
-#include "registry/registry.h"
 #include "server/buf.h"
+#include "switchboard.h"
 
 typedef struct sb_srv sb_srv;
-typedef struct sb_srv_event sb_srv_event;
 
 typedef enum sb_oai_kind { SB_OAI_CHAT, SB_OAI_COMPLETION, SB_OAI_EMBEDDING } sb_oai_kind;
 
@@ -65,13 +64,14 @@ typedef struct sb_oai_req {
     bool logprobs;
     int32_t top_logprobs;
     bool base64;           /* embeddings: encoding_format "base64" */
-    sb_reg_lease *lease;   /* the model that serves it, held until the request is freed */
-    double keep_alive_s;   /* the request's keep_alive, or SB_REG_KEEP_ALIVE_UNCHANGED */
+    sb_held_t *held;       /* the model that serves it, held until the request is freed */
+    const sb_reg_lease *lease; /* the held model's (its chat template and registry entry) */
+    double keep_alive_s;   /* the request's keep_alive, or SB_KEEP_ALIVE_UNCHANGED */
     struct sb_registry *reg;               /* where library_file came from */
     const sb_regfile *library_file;        /* held while library points into it */
     const sb_regfile_prompt *library;      /* the library prompt the request names, or NULL */
     char *library_text;                    /* it, rendered */
-    struct sb_grammar *grammar; /* a reference, or NULL: response_format, grammar, tools */
+    sb_grammar_t *grammar;      /* a reference, or NULL: response_format, grammar, tools */
     enum { SB_OAI_TOOLS_NONE, SB_OAI_TOOLS_AUTO, SB_OAI_TOOLS_REQUIRED } tool_mode;
     int tool_family;            /* sb_tool_family (server/tools.h) */
     bool parallel_tools;
@@ -87,8 +87,9 @@ typedef struct sb_oai_req {
  * then empty (sb_oai_req_free is still allowed). */
 bool sb_oai_parse(sb_srv *srv, sb_oai_kind kind, const char *body, size_t len, sb_oai_req *out, sb_oai_err *e);
 void sb_oai_req_free(sb_oai_req *r);
-/* The engine parameters of choice c (pointers into r). */
-void sb_oai_gen_params(const sb_oai_req *r, int32_t c, sb_gen_params *out);
+/* The public API's call for r: one input per choice (inputs[c] prompts
+ * c / n, its seed apart by c % n) and the parameters (pointers into r). */
+void sb_oai_inputs(const sb_oai_req *r, sb_input *inputs, sb_infer_params *params);
 
 /* One choice's results as they accumulate. */
 typedef struct sb_oai_choice {
@@ -96,11 +97,11 @@ typedef struct sb_oai_choice {
     struct cJSON *logprobs; /* chat: the "content" array; completions: the logprobs object */
     size_t text_offset;     /* completions logprobs: bytes of text so far */
     bool done;
-    sb_finish finish;
+    sb_finish_reason finish;
     int32_t n_prompt, n_cached, n_generated;
     float *embedding;       /* owned */
     int32_t n_embd;
-    char *error;            /* owned; SB_FINISH_ERROR */
+    char *error;            /* owned; SB_FINISHED_ERROR */
     struct sb_tool_stream *tools; /* streaming with tools: what is held back (owned) */
 } sb_oai_choice;
 
@@ -110,6 +111,7 @@ typedef struct sb_oai_resp {
     const sb_oai_req *req; /* borrowed */
     char id[48];           /* "chatcmpl-..." / "cmpl-..." */
     int64_t created;
+    sb_served served;      /* the model that serves and why (the "model" and "metadata" fields) */
     int32_t n_done;
     sb_oai_choice *choices; /* req->n_choices */
 } sb_oai_resp;
@@ -120,7 +122,7 @@ void sb_oai_resp_free(sb_oai_resp *r);
 
 /* Whole answers: feed every event, then render. _body returns false with e
  * set when a choice failed in the engine (500) or memory ran out. */
-void sb_oai_resp_add(sb_oai_resp *r, sb_srv_event *ev); /* takes ev's embedding and error */
+void sb_oai_resp_add(sb_oai_resp *r, const sb_stream_event *ev);
 bool sb_oai_resp_body(sb_oai_resp *r, sb_srv_buf *out, sb_oai_err *e);
 
 /* Streaming: _start appends what can be sent before any token (the chat
@@ -128,7 +130,7 @@ bool sb_oai_resp_body(sb_oai_resp *r, sb_srv_buf *out, sb_oai_err *e);
  * out; after the last choice's DONE, the usage chunk (if asked for) and
  * "data: [DONE]\n\n". Returns true once that end has been appended. */
 void sb_oai_resp_start(sb_oai_resp *r, sb_srv_buf *out);
-bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_srv_event *ev, sb_srv_buf *out);
+bool sb_oai_resp_chunk(sb_oai_resp *r, const sb_stream_event *ev, sb_srv_buf *out);
 
 /* Body of GET /v1/models (id NULL: every name a client may use) or of
  * GET /v1/models/{id}; false (nothing appended) if no name is id. */

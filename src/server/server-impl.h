@@ -1,10 +1,10 @@
 /*
  * server-impl.h - the server object shared by the files of src/server/.
  *
- * `exec` and `reg` are written once by sb_srv_load before `ready` becomes
- * true and stay valid until every connection thread has ended (sb_srv_stop
- * stops the daemon before it frees them). Each request holds a registry
- * lease on the model serving it (sb_oai_req.lease).
+ * `sb` (the public API's handle: the registry and its executor) is written
+ * once by sb_srv_load before `ready` becomes true and stays valid until
+ * every connection thread has ended (sb_srv_stop stops the daemon before it
+ * frees it). Each request holds the model serving it (sb_oai_req.held).
  */
 #ifndef SB_SRV_SERVER_IMPL_H
 #define SB_SRV_SERVER_IMPL_H
@@ -16,9 +16,6 @@
 
 #include <microhttpd.h>
 
-#include "engine/engine.h"
-#include "engine/executor.h"
-#include "registry/registry.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/server.h"
@@ -34,8 +31,7 @@ struct sb_srv {
     int64_t created;      /* unix time the server started: the model objects' "created" */
 
     atomic_bool ready;    /* registry read and executor running */
-    sb_executor *exec;
-    sb_registry *reg;
+    sb_switchboard_t *sb;
 
     sb_srv_metrics metrics;
     struct sb_gw *gw;     /* admission: keys, limits, tiers (src/gateway/gateway.h) */

@@ -26,12 +26,10 @@
 
 #include "base/base.h"
 #include "gateway/gateway.h"
-#include "model/model.h"
 #include "server/account.h"
 #include "server/admin.h"
 #include "server/batches.h"
 #include "server/door.h"
-#include "server/gen.h"
 #include "server/inproc.h"
 #include "server/openai.h"
 #include "server/server-impl.h"
@@ -227,22 +225,23 @@ static enum MHD_Result handle_health(sb_srv *srv, struct MHD_Connection *conn, h
 
 static enum MHD_Result handle_metrics(sb_srv *srv, struct MHD_Connection *conn, http_req *q, const char *url) {
     bool ready = atomic_load(&srv->ready);
-    sb_reg_info info[SB_SRV_MAX_MODELS];
-    sb_srv_engine_sample samples[SB_SRV_MAX_MODELS];
+    sb_model_info *info = sb_calloc(SB_SRV_MAX_MODELS, sizeof *info);
+    if (!info)
+        return MHD_NO;
     size_t n = 0;
-    sb_reg_totals totals;
+    sb_switchboard_totals totals;
     if (ready) {
-        int32_t total = SB_MIN(sb_registry_list(srv->reg, info, SB_SRV_MAX_MODELS), SB_SRV_MAX_MODELS);
+        int32_t total = SB_MIN(sb_switchboard_list(srv->sb, info, SB_SRV_MAX_MODELS), SB_SRV_MAX_MODELS);
         for (int32_t i = 0; i < total; i++)
-            if (info[i].state == SB_REG_LOADED)
-                samples[n++] = (sb_srv_engine_sample){.model = info[i].name, .stats = info[i].engine,
-                                                      .memory = info[i].memory};
-        sb_registry_totals(srv->reg, &totals);
+            if (info[i].state == SB_MODEL_LOADED)
+                info[n++] = info[i];
+        sb_switchboard_get_totals(srv->sb, &totals);
     }
     /* Count this scrape before rendering, so the text includes it. */
     sb_srv_metrics_request(&srv->metrics, q->ep, MHD_HTTP_OK);
     sb_srv_buf b = {0};
-    sb_srv_metrics_render(&srv->metrics, samples, n, ready ? &totals : NULL, &b);
+    sb_srv_metrics_render(&srv->metrics, info, n, ready ? &totals : NULL, &b);
+    sb_free(info);
     sb_srv_account_metrics(srv, &b);
     struct MHD_Response *r = b.failed ? NULL : body_response("text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
     sb_srv_buf_free(&b);
@@ -261,8 +260,6 @@ static enum MHD_Result handle_models(sb_srv *srv, struct MHD_Connection *conn, h
     sb_srv_buf b = {0};
     const char *id = url + strlen("/v1/models");
     if (!sb_oai_models_json(srv, *id == '/' ? id + 1 : NULL, &b)) { /* GET /v1/models/{id} */
-        char names[400] = "";
-        sb_registry_names(srv->reg, names, sizeof names);
         sb_oai_err e;
         sb_oai_err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
                        "The model '%.200s' does not exist (GET /v1/models lists them)", id + 1);
@@ -277,9 +274,10 @@ static enum MHD_Result handle_prompts(sb_srv *srv, struct MHD_Connection *conn, 
     if (!atomic_load(&srv->ready))
         return respond_not_ready(srv, conn, q, url);
     sb_srv_buf b = {0};
-    const sb_regfile *rf = sb_registry_file_acquire(srv->reg);
+    struct sb_registry *reg = sb__switchboard_registry(srv->sb);
+    const sb_regfile *rf = sb_registry_file_acquire(reg);
     sb_srv_admin_prompts_json(rf, &b);
-    sb_registry_file_release(srv->reg, rf);
+    sb_registry_file_release(reg, rf);
     enum MHD_Result r = respond_json(srv, conn, q, "GET", url, MHD_HTTP_OK, &b);
     sb_srv_buf_free(&b);
     return r;
@@ -304,15 +302,16 @@ static enum MHD_Result handle_admin(sb_srv *srv, struct MHD_Connection *conn, ht
 /* Says which model served, and why when it is a fallback: the body's
  * "model" and "metadata" say the same, these reach clients that only look
  * at headers (proxies, logs); and whether the response cache answered. */
-static struct MHD_Response *with_model_headers(struct MHD_Response *r, const sb_reg_lease *lease,
+static struct MHD_Response *with_model_headers(struct MHD_Response *r, const sb_held_t *held,
                                                const sb_srv_acct *acct) {
     if (!r)
         return NULL;
     sb_srv_acct_headers(acct, r);
-    MHD_add_response_header(r, "x-switchboard-model", sb_reg_lease_name(lease));
-    const char *fb = sb_reg_lease_fallback(lease);
-    if (fb)
-        MHD_add_response_header(r, "x-switchboard-fallback", fb);
+    sb_served served;
+    sb_held_served(held, &served);
+    MHD_add_response_header(r, "x-switchboard-model", served.model);
+    if (served.fallback)
+        MHD_add_response_header(r, "x-switchboard-fallback", served.fallback_reason);
     return r;
 }
 
@@ -326,14 +325,14 @@ static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn,
     sb_srv_buf_free(&q->body); /* not needed any more: do not hold it during generation */
     enum MHD_Result result;
     bool gone = false;
-    if (ok && c.req.stream) { /* the stream takes req, gen and acct over, and with req the lease, which lives as long as the response */
-        const sb_reg_lease *lease = c.req.lease;
-        sb_srv_gen *gen = c.gen;
+    if (ok && c.req.stream) { /* the stream takes req, pull and acct over, and with req the held model, which lives as long as the response */
+        const sb_held_t *held = c.req.held;
+        sb_srv_pull *pull = c.pull;
         sb_srv_acct *acct = c.acct;
-        c.gen = NULL;
+        c.pull = NULL;
         c.acct = NULL;
         result = respond(srv, conn, q, "POST", url, MHD_HTTP_OK,
-                         with_model_headers(sb_srv_sse_response(srv, &c.req, gen, acct), lease, acct));
+                         with_model_headers(sb_srv_sse_response(srv, &c.req, pull, acct), held, acct));
     } else if (ok && !sb__srv_call_finish(srv, &c, &gone)) {
         if (gone) { /* nobody to answer: close the connection */
             sb_srv_metrics_request(&srv->metrics, q->ep, 499);
@@ -344,7 +343,7 @@ static enum MHD_Result handle_generate(sb_srv *srv, struct MHD_Connection *conn,
         result = c.body.failed ? MHD_NO
                                : respond(srv, conn, q, "POST", url, MHD_HTTP_OK,
                                          with_model_headers(body_response("application/json", c.body.p, c.body.len),
-                                                            c.req.lease, c.acct));
+                                                            c.req.held, c.acct));
     } else {
         result = respond_error_json(srv, conn, q, "POST", url, c.status, &c.body);
     }
@@ -705,7 +704,7 @@ sb_srv_params sb_srv_default_params(void) {
     return (sb_srv_params){
         .host = "127.0.0.1",
         .port = 8080,
-        .engine = sb_engine_default_params(),
+        .engine = {.cache_type = sb_switchboard_default_params().cache_type},
         .keep_alive_ms = 5 * 60 * 1000, /* Ollama's default */
         .watch = true,
         .max_body = (size_t)8 << 20,
@@ -792,26 +791,23 @@ sb_status sb_srv_start(const sb_srv_params *params, sb_srv **out, sb_error *err)
 uint16_t sb_srv_port(const sb_srv *srv) { return srv->port; }
 
 sb_status sb_srv_load(sb_srv *srv, sb_error *err) {
-    sb_executor_params xp = sb_executor_default_params();
-    xp.n_threads = srv->p.n_threads;
-    sb_status st = sb_executor_create(&xp, &srv->exec, err);
+    const sb_srv_params *p = &srv->p;
+    sb_switchboard_params sp = sb_switchboard_default_params();
+    sp.n_threads = p->n_threads;
+    sp.memory_budget = p->memory_budget;
+    sp.model_name = p->model_id;
+    sp.n_ctx = p->engine.n_ctx;
+    sp.n_parallel = p->engine.n_parallel;
+    sp.max_batch_tokens = p->engine.max_batch_tokens;
+    sp.max_queue = p->engine.max_queue;
+    sp.cache_type = p->engine.cache_type;
+    sp.keep_alive_s = p->keep_alive_ms < 0 ? -1.0 : (double)p->keep_alive_ms / 1e3;
+    sp.watch = p->watch;
+    sp.log = p->log;
+    sp.log_user = p->log_user;
+    sb_status st = sb_switchboard_open(p->models, &sp, &srv->sb, err);
     if (st != SB_OK)
         return st;
-    sb_registry_params rp = sb_registry_default_params();
-    rp.source = srv->p.models;
-    rp.model_id = srv->p.model_id;
-    rp.memory_budget = srv->p.memory_budget;
-    rp.keep_alive_ms = srv->p.keep_alive_ms;
-    rp.engine = srv->p.engine;
-    rp.exec = srv->exec;
-    rp.watch = srv->p.watch;
-    rp.log = srv->p.log;
-    rp.log_user = srv->p.log_user;
-    if ((st = sb_registry_open(&rp, &srv->reg, err)) != SB_OK) {
-        sb_executor_free(srv->exec);
-        srv->exec = NULL;
-        return st;
-    }
     /* Before ready, so that /v1/batches answers as soon as /health does; the
      * batches left running continue (their requests wait out the 503s of
      * the moment until ready). */
@@ -824,7 +820,7 @@ sb_status sb_srv_load(sb_srv *srv, sb_error *err) {
 sb_status sb_srv_reload(sb_srv *srv, sb_error *err) {
     if (!atomic_load(&srv->ready))
         return sb_fail(err, SB_ERR_BUSY, "the server is not ready");
-    return sb_registry_reload(srv->reg, err);
+    return sb_switchboard_reload(srv->sb, err);
 }
 
 void sb_srv_stop(sb_srv *srv) {
@@ -834,16 +830,15 @@ void sb_srv_stop(sb_srv *srv) {
     sb__srv_batches_interrupt(srv); /* before the cancel: the batch answers it cuts are not recorded */
     /* Requests end first (waiting connection threads get their DONE events
      * and finish), then the connections, whose requests hold leases. */
-    if (srv->reg)
-        sb_registry_cancel_all(srv->reg);
+    if (srv->sb)
+        sb_switchboard_cancel_all(srv->sb);
     sb_srv_door_stop(srv->door);
     if (srv->daemon)
         MHD_stop_daemon(srv->daemon);
     sb_srv_door_free(srv->door);
     sb__srv_batches_close(srv);
     sb_srv_account_stop(srv); /* after the connections: their streams' ends are recorded */
-    sb_registry_free(srv->reg);
-    sb_executor_free(srv->exec);
+    sb_switchboard_free(srv->sb);
     sb_gw_free(srv->gw);
     sb_srv_metrics_destroy(&srv->metrics);
     sb_free(srv);

@@ -18,11 +18,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/engine.h"
 #include "gateway/gateway.h"
 #include "switchboard.h"
 
 typedef struct sb_srv sb_srv;
+
+/* What each model's engine runs with unless its registry entry says
+ * otherwise (sb_switchboard_params' fields of the same names; 0: the
+ * engine's default, n_ctx 0: the model's trained context). */
+typedef struct sb_srv_engine {
+    int32_t n_ctx, n_parallel, max_batch_tokens, max_queue;
+    sb_cache_type cache_type;
+} sb_srv_engine;
 
 typedef struct sb_srv_params {
     const char *models;     /* registry: models.json, a directory of .gguf files or one .gguf file (copied) */
@@ -34,7 +41,7 @@ typedef struct sb_srv_params {
     const char *host;       /* numeric address or name to bind; NULL: 127.0.0.1 */
     uint16_t port;          /* 0: any free port (see sb_srv_port) */
     bool no_listen;         /* bind nothing: the server serves only in-process calls (server/inproc.h) */
-    sb_engine_params engine;
+    sb_srv_engine engine;
     size_t max_body;        /* largest request body in bytes; larger ones get 413 */
     /* The state directory: keys.db (NULL: the keys of sb_gw_default_state_dir()),
      * and only when given usage.db, /v1/files' files and batch.db (NULL: those

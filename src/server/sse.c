@@ -16,7 +16,7 @@
 typedef struct sse_stream {
     sb_srv *srv;
     sb_oai_req req;
-    sb_srv_gen *gen;
+    sb_srv_pull *pull;
     sb_srv_acct *acct;
     sb_oai_resp resp;
     sb_srv_buf out; /* rendered events not yet handed to libmicrohttpd */
@@ -38,21 +38,19 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         sb_srv_buf_clear(&s->out);
         s->off = 0;
         bool gone;
-        sb_srv_event *evs = sb_srv_gen_next(s->gen, &gone);
-        if (gone)
+        sb_stream_event ev;
+        if (sb_srv_pull_next(s->pull, &ev, &gone)) {
+            sb_srv_acct_event(s->acct, &ev);
+            if (sb_oai_resp_chunk(&s->resp, &ev, &s->out))
+                s->ended = true;
+        } else if (gone) {
             return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (!evs) { /* every choice finished but a DONE event was lost to an allocation failure */
+        } else { /* every choice finished but a done event was lost to an allocation failure */
             sb_srv_buf_puts(&s->out, "data: [DONE]\n\n");
             s->ended = true;
         }
-        for (sb_srv_event *ev = evs; ev; ev = ev->next) {
-            sb_srv_acct_event(s->acct, ev);
-            if (sb_oai_resp_chunk(&s->resp, ev, &s->out))
-                s->ended = true;
-        }
-        sb_srv_events_free(evs);
         if (s->out.failed) {
-            sb_srv_gen_cancel(s->gen);
+            sb_srv_pull_cancel(s->pull);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
     }
@@ -60,23 +58,20 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void sse_free(void *cls) {
     sse_stream *s = cls;
-    if (!s->ended) /* the connection ended early: nobody wants the rest */
-        sb_srv_gen_cancel(s->gen);
     sb_srv_acct_end(s->acct, s->ended ? 200 : 499);
     sb_gw_settle(s->srv->gw, &s->req.caller, sb__srv_tokens_used(&s->resp));
-    sb_srv_gen_release(s->gen);
+    sb_srv_pull_free(s->pull); /* cancels what still runs: the connection ended early, nobody wants the rest */
     sb_oai_resp_free(&s->resp);
     sb_oai_req_free(&s->req);
     sb_srv_buf_free(&s->out);
     sb_free(s);
 }
 
-struct MHD_Response *sb_srv_sse_response(sb_srv *srv, sb_oai_req *req, sb_srv_gen *gen, sb_srv_acct *acct) {
+struct MHD_Response *sb_srv_sse_response(sb_srv *srv, sb_oai_req *req, sb_srv_pull *pull, sb_srv_acct *acct) {
     sse_stream *s = sb_calloc(1, sizeof *s);
     if (!s) {
         sb_srv_acct_end(acct, 500);
-        sb_srv_gen_cancel(gen);
-        sb_srv_gen_release(gen);
+        sb_srv_pull_free(pull);
         sb_gw_settle(srv->gw, &req->caller, 0);
         sb_oai_req_free(req);
         return NULL;
@@ -84,7 +79,7 @@ struct MHD_Response *sb_srv_sse_response(sb_srv *srv, sb_oai_req *req, sb_srv_ge
     s->srv = srv;
     s->req = *req;
     memset(req, 0, sizeof *req);
-    s->gen = gen;
+    s->pull = pull;
     s->acct = acct;
     struct MHD_Response *r = NULL;
     if (sb_oai_resp_init(&s->resp, srv, &s->req)) {

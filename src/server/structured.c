@@ -20,8 +20,8 @@ static bool refuse(sb_oai_err *e, const char *param, const char *code, const cha
 
 bool sb__srv_grammar(sb_srv *srv, const char *gbnf, size_t len, const char *param, sb_oai_req *r, sb_oai_err *e) {
     sb_error err;
-    sb_grammar *g;
-    sb_status st = sb_grammar_create(sb_reg_lease_gvocab(r->lease), gbnf, len, &g, &err);
+    sb_grammar_t *g;
+    sb_status st = sb_held_grammar(r->held, gbnf, len, &g, &err);
     if (st == SB_ERR_NOMEM) {
         sb_oai_err_set(e, 500, "server_error", NULL, param, "%s", err.msg);
         return false;
@@ -30,7 +30,7 @@ bool sb__srv_grammar(sb_srv *srv, const char *gbnf, size_t len, const char *para
         sb_oai_err_set(e, 400, "invalid_request_error", "invalid_grammar", param, "'%s': %s", param, err.msg);
         return false;
     }
-    sb_grammar_unref(r->grammar);
+    sb_grammar_free(r->grammar);
     r->grammar = g;
     return true;
 }
@@ -116,7 +116,7 @@ static bool parse_logit_bias(sb_srv *srv, const cJSON *lb, sb_oai_req *r, sb_oai
         sb_oai_err_set(e, 500, "server_error", NULL, "logit_bias", "out of memory");
         return false;
     }
-    int32_t n_vocab = sb_model_n_vocab(sb_reg_lease_model(r->lease));
+    int32_t n_vocab = sb_model_n_vocab(sb_held_model(r->held));
     const cJSON *m;
     cJSON_ArrayForEach(m, lb) {
         char *end;

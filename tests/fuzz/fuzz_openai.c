@@ -17,7 +17,7 @@
 
 static sb_srv srv;
 
-/* A server without HTTP: an executor and a registry of the fixture, which
+/* A server without HTTP: the public API's handle over the fixture, which
  * the parser routes "model" through (the model loads on the first input
  * that names it and stays). */
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -25,17 +25,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     const char *dir = getenv("SB_SHARED_DIR");
     snprintf(path, sizeof path, "%s/models/stories260K.gguf", dir ? dir : SB_SHARED_DIR);
     sb_error err;
-    sb_executor_params xp = sb_executor_default_params();
-    xp.n_threads = 1;
-    sb_registry_params rp = sb_registry_default_params();
-    rp.source = path;
-    rp.keep_alive_ms = -1;
-    rp.engine.n_ctx = 0;
+    sb_switchboard_params sp = sb_switchboard_default_params();
+    sp.n_threads = 1;
+    sp.keep_alive_s = -1;
     srv.p = sb_srv_default_params();
-    if (sb_executor_create(&xp, &srv.exec, &err) != SB_OK)
-        abort();
-    rp.exec = srv.exec;
-    if (sb_registry_open(&rp, &srv.reg, &err) != SB_OK) {
+    if (sb_switchboard_open(path, &sp, &srv.sb, &err) != SB_OK) {
         fprintf(stderr, "fuzz_openai: %s\n", err.msg);
         abort();
     }

@@ -4,7 +4,10 @@
  * generation agree; batch_infer gives each prompt what it gets alone, in
  * order; stop strings, cancellation, chat in both shapes; set_default with
  * and without a fallback; errors carry their status and a message; every
- * call leaves its profile.
+ * call leaves its profile. The pieces the server is built from: admin
+ * listing, load/unload and totals; held models (route first, then submit),
+ * token-id inputs, waiting for whole answers, grammars and JSON schemas,
+ * embeddings.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +16,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <math.h>
 
 #include "model/synth.h"
 #include "switchboard.h"
@@ -364,6 +368,180 @@ static void test_profiles(void **state) {
     sb_switchboard_free(sb);
 }
 
+static void test_admin(void **state) {
+    sb_switchboard_t *sb = open_or_fail(registry_path);
+    assert_int_equal(sb_switchboard_list(sb, NULL, 0), 2);
+    sb_model_info info[4];
+    assert_int_equal(sb_switchboard_list(sb, info, 4), 2);
+    assert_string_equal(info[0].name, "main");
+    assert_string_equal(info[1].name, "second");
+    assert_int_equal(info[0].state, SB_MODEL_UNLOADED);
+    assert_int_equal(info[0].memory, 0);
+    assert_string_equal(sb_model_state_str(SB_MODEL_LOADED), "loaded");
+    sb_error err;
+    assert_int_equal(sb_switchboard_load(sb, "main", &err), SB_OK);
+    assert_int_equal(sb_switchboard_list(sb, info, 1), 2); /* the count, one filled */
+    assert_int_equal(info[0].state, SB_MODEL_LOADED);
+    assert_true(info[0].memory > 0);
+    assert_true(info[0].kv_blocks_total > 0 && info[0].block_size > 0);
+    assert_int_equal(info[0].in_flight, 0);
+    sb_switchboard_totals t;
+    sb_switchboard_get_totals(sb, &t);
+    assert_true(t.used >= info[0].memory && t.budget >= t.used);
+    assert_int_equal(t.loads, 1);
+    /* a held model counts as in flight */
+    sb_held_t *h;
+    assert_int_equal(sb_switchboard_acquire(sb, "main", NULL, &h, &err), SB_OK);
+    sb_switchboard_list(sb, info, 1);
+    assert_int_equal(info[0].in_flight, 1);
+    sb_held_release(h, SB_KEEP_ALIVE_UNCHANGED);
+    assert_int_equal(sb_switchboard_unload(sb, "main", &err), SB_OK);
+    sb_switchboard_list(sb, info, 1);
+    assert_int_equal(info[0].state, SB_MODEL_UNLOADED);
+    assert_int_equal(sb_switchboard_load(sb, "nope", &err), SB_ERR_MODEL_NOT_FOUND);
+    assert_int_equal(sb_switchboard_load(sb, NULL, &err), SB_ERR_INVALID_ARG);
+    sb_switchboard_free(sb);
+}
+
+/* Takes every event of req, whole answers at a time, into text; returns the done count. */
+static int drain_whole(sb_request_t *req, char *text, size_t cap, sb_stream_event *last_done) {
+    size_t len = 0;
+    int dones = 0;
+    sb_stream_event ev;
+    while (!sb_request_finished(req)) {
+        assert_true(sb_request_wait(req, -1));
+        while (sb_request_next(req, 0, &ev)) {
+            assert_true(len + ev.text_len < cap);
+            memcpy(text + len, ev.text, ev.text_len);
+            len += ev.text_len;
+            if (ev.done) {
+                dones++;
+                *last_done = ev;
+            }
+        }
+    }
+    text[len] = '\0';
+    return dones;
+}
+
+static void test_held_tokens(void **state) {
+    sb_switchboard_t *sb = open_or_fail(model_path);
+    sb_sampler_params g = greedy();
+    sb_infer_params p = sb_infer_default_params();
+    p.sampling = &g;
+    p.max_tokens = 12;
+    p.ignore_eos = true;
+    sb_result want;
+    complete_or_fail(sb, "Once upon a time", &p, &want);
+
+    sb_held_t *h;
+    sb_error err;
+    assert_int_equal(sb_switchboard_acquire(sb, NULL, NULL, &h, &err), SB_OK);
+    assert_int_equal(sb_held_n_ctx(h), 256);
+    sb_served served;
+    sb_held_served(h, &served);
+    assert_string_equal(served.model, "api-model");
+    int32_t ids[64];
+    size_t n = 0;
+    const char *prompt = "Once upon a time";
+    assert_int_equal(sb_tokenize(sb_held_model(h), prompt, strlen(prompt), true, true, ids, 64, &n, &err), SB_OK);
+    sb_input in = {.kind = SB_INPUT_TOKENS, .tokens = ids, .n_tokens = n};
+    sb_request_t *req;
+    assert_int_equal(sb_held_submit(h, &in, 1, &p, &req, &err), SB_OK);
+    sb_held_release(h, SB_KEEP_ALIVE_UNCHANGED); /* the request holds the model on its own */
+    assert_non_null(sb_request_model(req));
+    char text[4096];
+    sb_stream_event done;
+    assert_int_equal(drain_whole(req, text, sizeof text, &done), 1);
+    assert_string_equal(text, want.text);
+    assert_int_equal(done.n_prompt, (int)n);
+    assert_true(done.time_s > 0);
+    sb_request_free(req);
+    sb_result_free(&want);
+
+    /* bad token inputs fail before anything runs */
+    int32_t bad[] = {1, 1 << 20};
+    sb_input b = {.kind = SB_INPUT_TOKENS, .tokens = bad, .n_tokens = 2};
+    assert_int_equal(sb_switchboard_submit(sb, &b, 1, &p, &req, &err), SB_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "outside the vocabulary"));
+    b.n_tokens = 0;
+    assert_int_equal(sb_switchboard_submit(sb, &b, 1, &p, &req, &err), SB_ERR_INVALID_ARG);
+    sb_switchboard_free(sb);
+}
+
+static void test_grammar_and_schema(void **state) {
+    sb_switchboard_t *sb = open_or_fail(model_path);
+    sb_held_t *h;
+    sb_error err;
+    assert_int_equal(sb_switchboard_acquire(sb, NULL, NULL, &h, &err), SB_OK);
+    sb_grammar_t *g = NULL, *yes_no = NULL, *bad = NULL;
+    const char gbnf[] = "root ::= [a-z ]+";
+    assert_int_equal(sb_held_grammar(h, gbnf, strlen(gbnf), &g, &err), SB_OK);
+    assert_int_equal(sb_held_grammar(h, "root ::= (", 10, &bad, &err), SB_ERR_INVALID_ARG);
+    assert_null(bad);
+    assert_int_equal(sb_held_json_schema(h, "{\"enum\": [\"yes\", \"no\"]}", &yes_no, &err), SB_OK);
+    assert_int_equal(sb_held_json_schema(h, "{\"enum\": ", &bad, &err), SB_ERR_INVALID_ARG);
+
+    sb_sampler_params s = greedy();
+    sb_infer_params p = sb_infer_default_params();
+    p.sampling = &s;
+    p.max_tokens = 16;
+    p.grammar = g;
+    sb_input in = {.kind = SB_INPUT_TEXT, .text = "Once upon a time"};
+    sb_request_t *req;
+    assert_int_equal(sb_held_submit(h, &in, 1, &p, &req, &err), SB_OK);
+    sb_grammar_free(g); /* the request keeps its own reference */
+    char text[4096];
+    sb_stream_event done;
+    assert_int_equal(drain_whole(req, text, sizeof text, &done), 1);
+    sb_request_free(req);
+    assert_true(strlen(text) > 0);
+    for (const char *c = text; *c; c++)
+        assert_true((*c >= 'a' && *c <= 'z') || *c == ' ');
+
+    p.grammar = yes_no;
+    assert_int_equal(sb_held_submit(h, &in, 1, &p, &req, &err), SB_OK);
+    assert_int_equal(drain_whole(req, text, sizeof text, &done), 1);
+    sb_request_free(req);
+    for (size_t k = strlen(text); k > 0 && strchr(" \t\n", text[k - 1]); k--)
+        text[k - 1] = '\0'; /* JSON may end in whitespace */
+    if (strcmp(text, "\"yes\"") != 0 && strcmp(text, "\"no\"") != 0)
+        fail_msg("the schema allows \"yes\" or \"no\", got \x27%s\x27 (finish %d)", text, (int)done.finish);
+    sb_grammar_free(yes_no);
+    sb_grammar_free(NULL);
+    sb_held_release(h, SB_KEEP_ALIVE_UNCHANGED);
+    sb_switchboard_free(sb);
+}
+
+static void test_embedding(void **state) {
+    sb_switchboard_t *sb = open_or_fail(model_path);
+    sb_infer_params p = sb_infer_default_params();
+    p.embedding = true;
+    const sb_input in[] = {{.kind = SB_INPUT_TEXT, .text = "Once upon a time"},
+                           {.kind = SB_INPUT_TEXT, .text = "The little dog"}};
+    sb_request_t *req;
+    sb_error err;
+    assert_int_equal(sb_switchboard_submit(sb, in, 2, &p, &req, &err), SB_OK);
+    const int32_t n_embd = sb_model_n_embd(sb_request_model(req));
+    int dones = 0;
+    sb_stream_event ev;
+    while (sb_request_next(req, -1, &ev)) {
+        assert_true(ev.done); /* no tokens: only the end, with the vector */
+        assert_true(ev.finish != SB_FINISHED_ERROR && ev.finish != SB_FINISHED_CANCELLED);
+        assert_non_null(ev.embedding);
+        assert_int_equal(ev.n_embd, n_embd);
+        double norm = 0;
+        for (int32_t i = 0; i < ev.n_embd; i++)
+            norm += (double)ev.embedding[i] * ev.embedding[i];
+        assert_true(fabs(norm - 1.0) < 1e-3);
+        assert_int_equal(ev.n_generated, 0);
+        dones++;
+    }
+    assert_int_equal(dones, 2);
+    sb_request_free(req);
+    sb_switchboard_free(sb);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_blocking_streaming_pulled_agree),
@@ -374,6 +552,10 @@ int main(void) {
         cmocka_unit_test(test_default_and_fallback),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_profiles),
+        cmocka_unit_test(test_admin),
+        cmocka_unit_test(test_held_tokens),
+        cmocka_unit_test(test_grammar_and_schema),
+        cmocka_unit_test(test_embedding),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
