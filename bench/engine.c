@@ -5,7 +5,7 @@
  *
  *   bench_engine -m MODEL [-m MODEL2] [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]
  *                [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N] [--steps-per-turn N]
- *                [--profile 1]
+ *                [--profile 1|2]
  *
  * For every stream count S: S requests (prompts of 4..15 pseudo-random ids
  * after BOS, so the prompts differ as the server benchmark's do), each
@@ -31,7 +31,8 @@
  * neighbours' threads hold the cores).
  *
  * --profile 1 then prints where a decoding step of each stream count went
- * (the engine's sb_engine_get_profile, first model, warm-ups included):
+ * (the engine's sb_engine_get_profile, first model, warm-ups included; 2:
+ * in the executor thread's CPU time, which with -t 1 is the work alone):
  * ms per step of planning, each part of the forward pass (products by
  * weight type, the output matrix, attention, ...), sampling and reporting.
  */
@@ -243,10 +244,10 @@ static void profile_row(const char *label, const double *sec, const sb_step_prof
 }
 
 /* The profile of the decoding steps of each stream count in `counts`. */
-static void print_profile(sb_engine *e, const int *counts, int n) {
+static void print_profile(sb_engine *e, const int *counts, int n, int clock) {
     sb_step_profile p[MAX_STREAMS];
     double v[MAX_STREAMS] = {0};
-    printf("\n| ms per decoding step |");
+    printf("\n| ms per decoding step (%s) |", clock == SB_PROFILE_THREAD_CPU ? "executor thread's CPU" : "wall");
     for (int k = 0; k < n; k++) {
         sb_engine_get_profile(e, counts[k], &p[k]);
         printf(" %d stream%s (%llu steps) |", counts[k], counts[k] > 1 ? "s" : "", (unsigned long long)p[k].steps);
@@ -297,7 +298,7 @@ static void print_profile(sb_engine *e, const int *counts, int n) {
 static const char usage[] =
     "usage: bench_engine -m MODEL [-m MODEL2] [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]\n"
     "                    [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N] [--steps-per-turn N]\n"
-    "                    [--profile 1]\n";
+    "                    [--profile 1|2]\n";
 
 int main(int argc, char **argv) {
     const char *paths[2] = {NULL, NULL}, *list = "1,4,8,16";
@@ -329,7 +330,7 @@ int main(int argc, char **argv) {
         else if (ok && strcmp(a, "--steps-per-turn") == 0)
             ok = parse_int(v, 1, 100000, &steps_per_turn);
         else if (ok && strcmp(a, "--profile") == 0)
-            ok = parse_int(v, 0, 1, &profile);
+            ok = parse_int(v, 0, 2, &profile);
         else
             ok = false;
         if (!ok) {
@@ -349,7 +350,7 @@ int main(int argc, char **argv) {
     sb_engine_params ep = sb_engine_default_params();
     ep.n_parallel = MAX_STREAMS;
     ep.cache_type = cache_type;
-    ep.profile = profile;
+    ep.profile = (sb_profile_clock)profile;
     for (int k = 0; k < n_models && status == 0; k++)
         if (sb_model_load(paths[k], &b.m[k], &err) != SB_OK || sb_engine_create(b.m[k], &ep, x, &b.e[k], &err) != SB_OK)
             status = 1;
@@ -395,7 +396,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     if (status == 0 && profile)
-        print_profile(b.e[0], counts, n_counts);
+        print_profile(b.e[0], counts, n_counts, profile);
     if (status == 0 && alternate > 0) {
         /* What a switch between loaded models adds to a request: one after
          * another, all to one model, then alternating between two. */

@@ -560,7 +560,8 @@ static void profile_step(sb_engine *e, int32_t n, const double at[5]) {
 
 /* One scheduling step. */
 static void step(sb_engine *e) {
-    double at[5] = {e->profile ? now_s() : 0};
+    const clockid_t clock = e->fwd.prof_clock;
+    double at[5] = {e->profile ? sb__clock_s(clock) : 0};
     sb__engine_take_incoming(e);
     drop_cancelled(e);
     admit(e);
@@ -604,18 +605,18 @@ static void step(sb_engine *e) {
         return;
     if (e->profile) {
         e->step_fwd = (sb_fwd_profile){0};
-        at[1] = now_s();
+        at[1] = sb__clock_s(clock);
     }
     sb_forward_run(&e->fwd, &e->kv, e->batch, n);
     if (e->profile)
-        at[2] = now_s();
+        at[2] = sb__clock_s(clock);
 
     /* Logits rows are in batch order; the sequences sample together. */
     for (int32_t i = 0; i < n_sampling; i++)
         e->sampling[i]->logits = e->fwd.logits + (size_t)i * e->model->hp.n_vocab;
     sb_threadpool_for(e->pool, n_sampling, sample_one, e);
     if (e->profile)
-        at[3] = now_s();
+        at[3] = sb__clock_s(clock);
 
     int32_t bi = 0;
     uint64_t computed = 0, generated = 0;
@@ -668,7 +669,7 @@ static void step(sb_engine *e) {
     e->stats.steps++;
     pthread_mutex_unlock(&e->lock);
     if (e->profile && n == n_sampling) {
-        at[4] = now_s();
+        at[4] = sb__clock_s(clock);
         profile_step(e, n, at);
     }
 }
@@ -715,8 +716,10 @@ sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *para
         e->running = sb_calloc((size_t)p.n_parallel, sizeof(seq *));
         e->sampling = sb_malloc((size_t)p.n_parallel * sizeof(seq *));
         e->logprobs = sb_malloc((size_t)sb_threadpool_n_threads(e->pool) * model->hp.n_vocab * sizeof(float));
-        if (p.profile && (e->profile = sb_calloc(SB_PROFILE_MAX_TOKENS + 1, sizeof(*e->profile))))
+        if (p.profile && (e->profile = sb_calloc(SB_PROFILE_MAX_TOKENS + 1, sizeof(*e->profile)))) {
             e->fwd.prof = &e->step_fwd;
+            e->fwd.prof_clock = p.profile == SB_PROFILE_THREAD_CPU ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC;
+        }
         if (!e->batch || !e->running || !e->sampling || !e->logprobs || (p.profile && !e->profile))
             st = sb_fail(err, SB_ERR_NOMEM, "out of memory");
     }

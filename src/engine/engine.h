@@ -41,6 +41,14 @@
 
 typedef struct sb_engine sb_engine;
 
+/* What a profile of the engine's steps counts. */
+typedef enum sb_profile_clock {
+    SB_PROFILE_OFF,
+    SB_PROFILE_WALL,       /* wall time: what a step takes, the pool's waits included */
+    SB_PROFILE_THREAD_CPU, /* the executor thread's CPU time: with one thread, the work alone,
+                              steady on a loaded host (each reading is a system call) */
+} sb_profile_clock;
+
 typedef struct sb_engine_params {
     int32_t n_ctx;            /* KV-cache positions shared by all sequences (one request may use all) */
     int32_t n_parallel;       /* most sequences running at once */
@@ -50,7 +58,7 @@ typedef struct sb_engine_params {
     sb_cache_type cache_type; /* what the KV cache holds keys and values in; F16 by default, as
                                  llama-server's: half of F32's memory per position, so twice the
                                  sequences or context fit, and attention reads half the bytes */
-    bool profile;             /* time the decoding steps (sb_engine_get_profile); off by default */
+    sb_profile_clock profile; /* time the decoding steps (sb_engine_get_profile); off by default */
 } sb_engine_params;
 sb_engine_params sb_engine_default_params(void);
 
@@ -147,8 +155,8 @@ void sb_engine_get_stats(sb_engine *e, sb_engine_stats *out);
 /* Where an engine created with params.profile spent its decoding steps of
  * n tokens (steps in which every token of the batch is the next one of a
  * sequence that samples: n sequences decoding), summed since creation;
- * wall seconds on the executor thread. Other steps (with prompt chunks) are
- * not counted. */
+ * seconds of the profile's clock on the executor thread. Other steps (with
+ * prompt chunks) are not counted. */
 typedef struct sb_step_profile {
     uint64_t steps;
     double step_s;    /* the whole step */

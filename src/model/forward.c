@@ -29,7 +29,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include "base/base.h"
 #include "model/model.h"
@@ -42,9 +41,7 @@
 static double tick(const sb_forward *f) {
     if (!f->prof)
         return 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return sb__clock_s(f->prof_clock);
 }
 
 static void charge(sb_forward *f, sb_fwd_part part, double *t) {

@@ -16,6 +16,8 @@
 #ifndef SB_MODEL_H
 #define SB_MODEL_H
 
+#include <time.h>
+
 #include "gguf/gguf.h"
 #include "switchboard.h"
 #include "tensor/tensor.h"
@@ -190,8 +192,9 @@ typedef struct sb_batch_token {
 } sb_batch_token;
 
 /* Where forward passes spend their time, summed over the passes run while
- * sb_forward.prof is set (bench_engine --profile); wall seconds on the
- * calling thread, each parallel loop's waits included. While profiled, the
+ * sb_forward.prof is set (bench_engine --profile): seconds of
+ * sb_forward.prof_clock on the calling thread (wall time, each parallel
+ * loop's waits included; or the thread's CPU time). While profiled, the
  * products of one input (a layer's q, k and v; gate and up) run as one
  * parallel loop per matrix, so that each is charged to its type: a few
  * microseconds of extra hand-offs per layer. */
@@ -205,6 +208,13 @@ typedef enum sb_fwd_part {
     SB_FWD_OTHER,     /* biases, splitting fused products, post-norm additions, soft-caps */
     SB_FWD_N_PARTS
 } sb_fwd_part;
+
+/* Seconds on clock c (a profile's clock). */
+static inline double sb__clock_s(clockid_t c) {
+    struct timespec ts;
+    clock_gettime(c, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 typedef struct sb_fwd_profile {
     double part_s[SB_FWD_N_PARTS];
@@ -234,6 +244,7 @@ typedef struct sb_forward {
     float *embd;   /* (max_tokens, n_embd): final normed hidden state of tokens that want it */
     void *work;    /* sb_matmul scratch */
     sb_fwd_profile *prof; /* NULL: not timed (the default); else passes add to it */
+    clockid_t prof_clock; /* what prof counts: CLOCK_MONOTONIC or CLOCK_THREAD_CPUTIME_ID */
 } sb_forward;
 
 sb_status sb_forward_init(sb_forward *f, const sb_model *m, sb_threadpool *pool, int32_t max_tokens,
