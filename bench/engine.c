@@ -5,6 +5,7 @@
  *
  *   bench_engine -m MODEL [-m MODEL2] [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]
  *                [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N] [--steps-per-turn N]
+ *                [--profile 1|2]
  *
  * For every stream count S: S requests (prompts of 4..15 pseudo-random ids
  * after BOS, so the prompts differ as the server benchmark's do), each
@@ -13,7 +14,8 @@
  * prompts are short, so this is the decode rate. Sampling is the server's
  * default for OpenAI requests: temperature T (0.8), no top-k, top-p or
  * min-p, a seed per request. Prints the median of REPS
- * runs per S and its ratio to the S = 1 median. bench/serve-load.mjs
+ * runs per S and its ratio to the S = 1 median, per wall second and per
+ * CPU second of the process (see below). bench/serve-load.mjs
  * measures the same through HTTP; the gap between the two is the server's
  * cost.
  *
@@ -27,6 +29,12 @@
  * the comparison is printed twice: per wall second, and per CPU second of
  * the process (steadier on a shared machine: it leaves out the time the
  * neighbours' threads hold the cores).
+ *
+ * --profile 1 then prints where a decoding step of each stream count went
+ * (the engine's sb_engine_get_profile, first model, warm-ups included; 2:
+ * in the executor thread's CPU time, which with -t 1 is the work alone):
+ * ms per step of planning, each part of the forward pass (products by
+ * weight type, the output matrix, attention, ...), sampling and reporting.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -227,13 +235,75 @@ static int process_threads(void) {
     return n;
 }
 
+/* One row of the profile table: a label and ms per step for each stream count. */
+static void profile_row(const char *label, const double *sec, const sb_step_profile *p, int n) {
+    printf("| %s |", label);
+    for (int k = 0; k < n; k++)
+        printf(" %.3f |", p[k].steps ? sec[k] * 1e3 / (double)p[k].steps : 0.0);
+    printf("\n");
+}
+
+/* The profile of the decoding steps of each stream count in `counts`. */
+static void print_profile(sb_engine *e, const int *counts, int n, int clock) {
+    sb_step_profile p[MAX_STREAMS];
+    double v[MAX_STREAMS] = {0};
+    printf("\n| ms per decoding step (%s) |", clock == SB_PROFILE_THREAD_CPU ? "executor thread's CPU" : "wall");
+    for (int k = 0; k < n; k++) {
+        sb_engine_get_profile(e, counts[k], &p[k]);
+        printf(" %d stream%s (%llu steps) |", counts[k], counts[k] > 1 ? "s" : "", (unsigned long long)p[k].steps);
+    }
+    printf("\n|--|");
+    for (int k = 0; k < n; k++)
+        printf("--:|");
+    printf("\n");
+#define ROW(label, expr)                                                                                               \
+    do {                                                                                                               \
+        for (int k = 0; k < n; k++)                                                                                    \
+            v[k] = (expr);                                                                                             \
+        profile_row(label, v, p, n);                                                                                   \
+    } while (0)
+    ROW("whole step", p[k].step_s);
+    ROW("planning", p[k].plan_s);
+    ROW("forward pass", p[k].forward_s);
+    char label[96];
+    for (int t = 0; t < SB_TYPE_COUNT; t++) {
+        bool used = false;
+        for (int k = 0; k < n; k++)
+            used = used || p[k].fwd.type_s[t] > 0;
+        if (!used)
+            continue;
+        snprintf(label, sizeof(label), "- layers' products, %s%s", sb_type_traits_of((uint32_t)t)->name,
+                 p[0].fwd.type_packed[t] ? " (packed)" : "");
+        ROW(label, p[k].fwd.type_s[t]);
+    }
+    snprintf(label, sizeof(label), "- output matrix, %s%s", sb_type_traits_of(p[0].fwd.head_type)->name,
+             p[0].fwd.head_packed ? " (packed)" : "");
+    ROW(label, p[k].fwd.part_s[SB_FWD_HEAD]);
+    ROW("- attention", p[k].fwd.part_s[SB_FWD_ATTENTION]);
+    ROW("- KV placement (RoPE, stores)", p[k].fwd.part_s[SB_FWD_PLACE]);
+    ROW("- norms, embedding, RoPE angles", p[k].fwd.part_s[SB_FWD_NORMS]);
+    ROW("- gated activation", p[k].fwd.part_s[SB_FWD_GLU]);
+    ROW("- other (biases, splits)", p[k].fwd.part_s[SB_FWD_OTHER]);
+    double parts[MAX_STREAMS] = {0};
+    for (int k = 0; k < n; k++) {
+        for (int i = 0; i < SB_FWD_N_PARTS; i++)
+            parts[k] += p[k].fwd.part_s[i];
+    }
+    ROW("- not in a part", p[k].forward_s - parts[k]);
+    ROW("sampling", p[k].sample_s);
+    ROW("reporting", p[k].report_s);
+#undef ROW
+}
+
 static const char usage[] =
     "usage: bench_engine -m MODEL [-m MODEL2] [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]\n"
-    "                    [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N] [--steps-per-turn N]\n";
+    "                    [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N] [--steps-per-turn N]\n"
+    "                    [--profile 1|2]\n";
 
 int main(int argc, char **argv) {
     const char *paths[2] = {NULL, NULL}, *list = "1,4,8,16";
     int n_models = 0, threads = 2, tokens = 64, reps = 3, alternate = 0, alt_tokens = 4, steps_per_turn = 1;
+    int profile = 0, counts[MAX_STREAMS], n_counts = 0;
     float temp = 0.8f;
     sb_cache_type cache_type = sb_engine_default_params().cache_type; /* the server's */
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
@@ -259,6 +329,8 @@ int main(int argc, char **argv) {
             ok = parse_int(v, 1, 100000, &alt_tokens);
         else if (ok && strcmp(a, "--steps-per-turn") == 0)
             ok = parse_int(v, 1, 100000, &steps_per_turn);
+        else if (ok && strcmp(a, "--profile") == 0)
+            ok = parse_int(v, 0, 2, &profile);
         else
             ok = false;
         if (!ok) {
@@ -278,6 +350,7 @@ int main(int argc, char **argv) {
     sb_engine_params ep = sb_engine_default_params();
     ep.n_parallel = MAX_STREAMS;
     ep.cache_type = cache_type;
+    ep.profile = (sb_profile_clock)profile;
     for (int k = 0; k < n_models && status == 0; k++)
         if (sb_model_load(paths[k], &b.m[k], &err) != SB_OK || sb_engine_create(b.m[k], &ep, x, &b.e[k], &err) != SB_OK)
             status = 1;
@@ -289,28 +362,31 @@ int main(int argc, char **argv) {
            sb_executor_n_threads(x), process_threads(), steps_per_turn);
     static const char *const clocks[2] = {"wall", "CPU"};
     if (n_models == 1)
-        printf("| streams | t/s median | min | max | x single |\n|--:|--:|--:|--:|--:|\n");
+        printf("| streams | t/s median | min | max | x single | per CPU s: t/s median | x single |\n"
+               "|--:|--:|--:|--:|--:|--:|--:|\n");
     else
         printf("| streams per model | per | one model t/s (min-max) | two models at once t/s (min-max) |"
                " two / one, paired (min-max) |\n|--:|--|--:|--:|--:|\n");
-    double single = 0;
+    double single = 0, single_cpu = 0;
     for (const char *s = list; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL) {
         if (!parse_int(s, 1, MAX_STREAMS, &b.streams)) {
             fprintf(stderr, "bench_engine: bad stream count in -s %s (1..%d)\n", list, MAX_STREAMS);
             status = 2;
             break;
         }
+        if (n_counts < MAX_STREAMS)
+            counts[n_counts++] = b.streams;
         figures fg;
         if (!compare(&b, streams_fn, n_models, reps, true, fg)) {
             status = 1;
             break;
         }
         if (n_models == 1) {
-            double *one = fg[0][0];
+            double *one = fg[0][0], *cpu = fg[1][0];
             if (b.streams == 1)
-                single = one[0];
-            printf("| %d | %.1f | %.1f | %.1f | %.2f |\n", b.streams, one[0], one[1], one[2],
-                   single > 0 ? one[0] / single : 0);
+                single = one[0], single_cpu = cpu[0];
+            printf("| %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.2f |\n", b.streams, one[0], one[1], one[2],
+                   single > 0 ? one[0] / single : 0, cpu[0], single_cpu > 0 ? cpu[0] / single_cpu : 0);
         } else {
             for (int c = 0; c < 2; c++)
                 printf("| %d | %s s | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.3f (%.3f-%.3f) |\n", b.streams,
@@ -319,6 +395,8 @@ int main(int argc, char **argv) {
         }
         fflush(stdout);
     }
+    if (status == 0 && profile)
+        print_profile(b.e[0], counts, n_counts, profile);
     if (status == 0 && alternate > 0) {
         /* What a switch between loaded models adds to a request: one after
          * another, all to one model, then alternating between two. */

@@ -1,7 +1,8 @@
 # shellcheck shell=bash
-# common.sh - shared by bench/compare-llamacpp and bench/check-distributions
-# (sourced, not run): locating the build, installing node-llama-cpp, building
-# the quantizer and generating / quantizing the benchmark models.
+# common.sh - shared by bench/compare-llamacpp, bench/compare-batched and
+# bench/check-distributions (sourced, not run): locating the build, installing
+# node-llama-cpp, building the quantizer and generating / quantizing the
+# benchmark models, timing a run beside the other processes' CPU use.
 #
 # Inputs (set by the caller before sourcing, all optional):
 #   SB_BUILD    build directory holding switchboard and bench_logprobs (default <repo>/build)
@@ -29,10 +30,12 @@ die() {
     exit 2
 }
 
-# The switchboard binaries must exist: this script benchmarks a build, it does not make one.
+# The switchboard binaries (default: switchboard bench_logprobs) must exist: the scripts
+# benchmark a build, they do not make one.
 require_build() {
     local b
-    for b in switchboard bench_logprobs bench_roofline; do
+    (($#)) || set -- switchboard bench_logprobs
+    for b in "$@"; do
         [[ -x "$SB_BUILD/$b" ]] || die "$SB_BUILD/$b is missing: run 'make build' first (or set SB_BUILD)"
     done
     command -v node >/dev/null || die "node (>= 18) is needed for llama.cpp's side (node-llama-cpp)"
@@ -88,6 +91,29 @@ build_llbench() {
     mkdir -p "$SB_MODELS/.bin"
     if [[ ! -x "$LLBENCH_BIN" || "$src" -nt "$LLBENCH_BIN" ]]; then
         ${CC:-cc} -O2 -o "$LLBENCH_BIN" "$src" -ldl -lm 2>/dev/null || die "cannot compile $src"
+    fi
+}
+
+# run_measured PREFIX TIMEOUT CMD...: runs CMD under `timeout`, stdout to PREFIX.json,
+# stderr to PREFIX.err; sets $rc and $others, the share of the machine's CPU time
+# (in %, all cores) that other processes used meanwhile: /proc/stat's busy time
+# minus the command's own user+system time (GNU time), over wall time x cores.
+busy_jiffies() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
+run_measured() {
+    local prefix=$1 limit=$2 b0 b1 t0 t1
+    shift 2
+    rc=0 others=
+    b0=$(busy_jiffies) t0=$(date +%s.%N)
+    if [[ -x /usr/bin/time ]]; then
+        /usr/bin/time -f '%U %S' -o "$prefix.time" timeout "$limit" "$@" >"$prefix.json" 2>"$prefix.err" || rc=$?
+    else
+        timeout "$limit" "$@" >"$prefix.json" 2>"$prefix.err" || rc=$?
+    fi
+    b1=$(busy_jiffies) t1=$(date +%s.%N)
+    if [[ -s "$prefix.time" ]]; then
+        others=$(awk -v b="$((b1 - b0))" -v t0="$t0" -v t1="$t1" -v n="$(nproc)" \
+            -v hz="$(getconf CLK_TCK)" '{ own = $1 + $2 } END { w = t1 - t0; if (w > 0) { x = 100 * (b / hz - own) / (w * n);
+            if (x < 0) x = 0; printf "%.0f", x } }' "$prefix.time")
     fi
 }
 

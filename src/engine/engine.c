@@ -101,6 +101,8 @@ struct sb_engine {
     int32_t n_cancels, cap_cancels;
     bool cancel_all; /* sb_engine_cancel_all asked; guarded by lock */
     sb_engine_stats stats; /* guarded by lock */
+    sb_step_profile *profile; /* (SB_PROFILE_MAX_TOKENS + 1) by batch size, guarded by lock; NULL: not profiled */
+    sb_fwd_profile step_fwd;  /* the current step's forward pass, when profiled */
 };
 
 static double now_s(void) {
@@ -530,8 +532,36 @@ bool sb__engine_has_work(const sb_engine *e, int32_t *priority) {
     return e->waiting || e->n_running > 0;
 }
 
+/* Adds a decoding step of n tokens to the profile: at[0..4] are when it
+ * started, its forward pass started and ended, its sampling ended, and it
+ * ended. */
+static void profile_step(sb_engine *e, int32_t n, const double at[5]) {
+    if (n > SB_PROFILE_MAX_TOKENS)
+        return;
+    sb_step_profile *p = &e->profile[n];
+    const sb_fwd_profile *f = &e->step_fwd;
+    pthread_mutex_lock(&e->lock);
+    p->steps++;
+    p->step_s += at[4] - at[0];
+    p->plan_s += at[1] - at[0];
+    p->forward_s += at[2] - at[1];
+    p->sample_s += at[3] - at[2];
+    p->report_s += at[4] - at[3];
+    for (int i = 0; i < SB_FWD_N_PARTS; i++)
+        p->fwd.part_s[i] += f->part_s[i];
+    for (int i = 0; i < SB_TYPE_COUNT; i++) {
+        p->fwd.type_s[i] += f->type_s[i];
+        p->fwd.type_packed[i] |= f->type_packed[i];
+    }
+    p->fwd.head_type = f->head_type;
+    p->fwd.head_packed = f->head_packed;
+    pthread_mutex_unlock(&e->lock);
+}
+
 /* One scheduling step. */
 static void step(sb_engine *e) {
+    const clockid_t clock = e->fwd.prof_clock;
+    double at[5] = {e->profile ? sb__clock_s(clock) : 0};
     sb__engine_take_incoming(e);
     drop_cancelled(e);
     admit(e);
@@ -573,12 +603,20 @@ static void step(sb_engine *e) {
     }
     if (n == 0)
         return;
+    if (e->profile) {
+        e->step_fwd = (sb_fwd_profile){0};
+        at[1] = sb__clock_s(clock);
+    }
     sb_forward_run(&e->fwd, &e->kv, e->batch, n);
+    if (e->profile)
+        at[2] = sb__clock_s(clock);
 
     /* Logits rows are in batch order; the sequences sample together. */
     for (int32_t i = 0; i < n_sampling; i++)
         e->sampling[i]->logits = e->fwd.logits + (size_t)i * e->model->hp.n_vocab;
     sb_threadpool_for(e->pool, n_sampling, sample_one, e);
+    if (e->profile)
+        at[3] = sb__clock_s(clock);
 
     int32_t bi = 0;
     uint64_t computed = 0, generated = 0;
@@ -630,6 +668,10 @@ static void step(sb_engine *e) {
     e->stats.generated_tokens += generated;
     e->stats.steps++;
     pthread_mutex_unlock(&e->lock);
+    if (e->profile && n == n_sampling) {
+        at[4] = sb__clock_s(clock);
+        profile_step(e, n, at);
+    }
 }
 
 void sb__engine_step(sb_engine *e) {
@@ -674,7 +716,11 @@ sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *para
         e->running = sb_calloc((size_t)p.n_parallel, sizeof(seq *));
         e->sampling = sb_malloc((size_t)p.n_parallel * sizeof(seq *));
         e->logprobs = sb_malloc((size_t)sb_threadpool_n_threads(e->pool) * model->hp.n_vocab * sizeof(float));
-        if (!e->batch || !e->running || !e->sampling || !e->logprobs)
+        if (p.profile && (e->profile = sb_calloc(SB_PROFILE_MAX_TOKENS + 1, sizeof(*e->profile)))) {
+            e->fwd.prof = &e->step_fwd;
+            e->fwd.prof_clock = p.profile == SB_PROFILE_THREAD_CPU ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC;
+        }
+        if (!e->batch || !e->running || !e->sampling || !e->logprobs || (p.profile && !e->profile))
             st = sb_fail(err, SB_ERR_NOMEM, "out of memory");
     }
     sb__alloc_measure(outer);
@@ -709,6 +755,7 @@ void sb_engine_free(sb_engine *e) {
     sb_free(e->running);
     sb_free(e->logprobs);
     sb_free(e->sampling);
+    sb_free(e->profile);
     sb_free(e->cancels);
     sb_blocks_free(e->blocks);
     sb_forward_free(&e->fwd);
@@ -772,6 +819,16 @@ void sb_engine_cancel_all(sb_engine *e) {
     e->cancel_all = true;
     pthread_mutex_unlock(&e->lock);
     sb__executor_kick(e->exec);
+}
+
+bool sb_engine_get_profile(sb_engine *e, int32_t n_tokens, sb_step_profile *out) {
+    *out = (sb_step_profile){0};
+    if (!e->profile || n_tokens < 1 || n_tokens > SB_PROFILE_MAX_TOKENS)
+        return false;
+    pthread_mutex_lock(&e->lock);
+    *out = e->profile[n_tokens];
+    pthread_mutex_unlock(&e->lock);
+    return true;
 }
 
 void sb_engine_get_stats(sb_engine *e, sb_engine_stats *out) {

@@ -36,9 +36,18 @@
 #include <stdint.h>
 
 #include "engine/executor.h"
+#include "model/model.h"
 #include "switchboard.h"
 
 typedef struct sb_engine sb_engine;
+
+/* What a profile of the engine's steps counts. */
+typedef enum sb_profile_clock {
+    SB_PROFILE_OFF,
+    SB_PROFILE_WALL,       /* wall time: what a step takes, the pool's waits included */
+    SB_PROFILE_THREAD_CPU, /* the executor thread's CPU time: with one thread, the work alone,
+                              steady on a loaded host (each reading is a system call) */
+} sb_profile_clock;
 
 typedef struct sb_engine_params {
     int32_t n_ctx;            /* KV-cache positions shared by all sequences (one request may use all) */
@@ -49,6 +58,7 @@ typedef struct sb_engine_params {
     sb_cache_type cache_type; /* what the KV cache holds keys and values in; F16 by default, as
                                  llama-server's: half of F32's memory per position, so twice the
                                  sequences or context fit, and attention reads half the bytes */
+    sb_profile_clock profile; /* time the decoding steps (sb_engine_get_profile); off by default */
 } sb_engine_params;
 sb_engine_params sb_engine_default_params(void);
 
@@ -141,5 +151,24 @@ typedef struct sb_engine_stats {
     uint64_t steps;
 } sb_engine_stats;
 void sb_engine_get_stats(sb_engine *e, sb_engine_stats *out);
+
+/* Where an engine created with params.profile spent its decoding steps of
+ * n tokens (steps in which every token of the batch is the next one of a
+ * sequence that samples: n sequences decoding), summed since creation;
+ * seconds of the profile's clock on the executor thread. Other steps (with
+ * prompt chunks) are not counted. */
+typedef struct sb_step_profile {
+    uint64_t steps;
+    double step_s;    /* the whole step */
+    double plan_s;    /* requests in, admission, planning, blocks, the batch */
+    double forward_s; /* the forward pass, broken down in fwd */
+    double sample_s;  /* the sequences' sampling loop (on the pool) */
+    double report_s;  /* accepting, detokenizing, stop strings, callbacks, finishing */
+    sb_fwd_profile fwd;
+} sb_step_profile;
+#define SB_PROFILE_MAX_TOKENS 64
+/* False (and *out zeroed) when the engine is not profiled or n is outside
+ * 1..SB_PROFILE_MAX_TOKENS. */
+bool sb_engine_get_profile(sb_engine *e, int32_t n_tokens, sb_step_profile *out);
 
 #endif

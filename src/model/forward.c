@@ -33,6 +33,25 @@
 #include "base/base.h"
 #include "model/model.h"
 
+/* ---- profiling (sb_forward.prof) ------------------------------------------ */
+
+/* A pass under profile reads the clock between its phases: tick() where a
+ * phase starts, charge() where it ends (the next one starts there). Without
+ * a profile both are a test of a pointer. */
+static double tick(const sb_forward *f) {
+    if (!f->prof)
+        return 0;
+    return sb__clock_s(f->prof_clock);
+}
+
+static void charge(sb_forward *f, sb_fwd_part part, double *t) {
+    if (!f->prof)
+        return;
+    double now = tick(f);
+    f->prof->part_s[part] += now - *t;
+    *t = now;
+}
+
 /* ---- element-wise building blocks ---------------------------------------- */
 
 /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for one row of n. The
@@ -208,31 +227,55 @@ static sb_matmul_dst product_into(const sb_weight *w, float *y) {
     return (sb_matmul_dst){.type = w->type, .w = w->data, .packed = w->packed, .n_out = w->n_out, .y = y};
 }
 
-/* Up to three products of the same input, converted once, in one parallel loop. */
-static void matmul3(sb_forward *f, const float *x, int32_t n_tok, const sb_weight *const *w, float *const *y, int n) {
+/* The products d[0..n) of one input, converted once, in one parallel loop;
+ * under profile one loop per matrix, charged to `part` (the layers' also to
+ * their types) from *t on. */
+static void multiply(sb_forward *f, const sb_matmul_dst *d, int n, int64_t n_in, const float *x, int32_t n_tok,
+                     sb_fwd_part part, double *t) {
+    if (!f->prof) {
+        sb_matmul_many(f->pool, d, n, n_in, x, n_tok, f->work);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        double t0 = *t;
+        sb_matmul_many(f->pool, &d[i], 1, n_in, x, n_tok, f->work);
+        charge(f, part, t);
+        if (part == SB_FWD_PRODUCTS) {
+            f->prof->type_s[d[i].type] += *t - t0;
+            f->prof->type_packed[d[i].type] |= d[i].packed;
+        }
+    }
+}
+
+/* Up to three of the layer's products of the same input. */
+static void matmul3(sb_forward *f, const float *x, int32_t n_tok, const sb_weight *const *w, float *const *y, int n,
+                    double *t) {
     sb_matmul_dst d[3];
     for (int i = 0; i < n; i++)
         d[i] = product_into(w[i], y[i]);
-    sb_matmul_many(f->pool, d, n, w[0]->n_in, x, n_tok, f->work);
+    multiply(f, d, n, w[0]->n_in, x, n_tok, SB_FWD_PRODUCTS, t);
 }
 
-static void matmul(sb_forward *f, const sb_weight *w, const float *x, int32_t n_tok, float *y) {
-    matmul3(f, x, n_tok, &w, &y, 1);
+static void matmul(sb_forward *f, const sb_weight *w, const float *x, int32_t n_tok, float *y, double *t) {
+    matmul3(f, x, n_tok, &w, &y, 1, t);
 }
 
 /* The residual stream's update at the end of a block: x += w in (the
  * product in xb). The product's chunks add their own rows as they finish
  * them; post-norm models (post_norm set) normalize the product first, so
  * they add it in a pass of their own. */
-static void update_residual(sb_forward *f, const sb_weight *w, const float *in, int32_t n, const sb_weight *post_norm) {
+static void update_residual(sb_forward *f, const sb_weight *w, const float *in, int32_t n, const sb_weight *post_norm,
+                            double *t) {
     sb_matmul_dst d = product_into(w, f->xb);
     d.residual = post_norm ? NULL : f->x;
-    sb_matmul_many(f->pool, &d, 1, w->n_in, in, n, f->work);
+    multiply(f, &d, 1, w->n_in, in, n, SB_FWD_PRODUCTS, t);
     if (!post_norm)
         return;
     rmsnorm_rows(f, f->xb, f->xb, post_norm->data, n);
+    charge(f, SB_FWD_NORMS, t);
     for (size_t j = 0; j < (size_t)n * f->model->hp.n_embd; j++)
         f->x[j] += f->xb[j];
+    charge(f, SB_FWD_OTHER, t);
 }
 
 /* ---- attention ------------------------------------------------------------ */
@@ -351,10 +394,12 @@ static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batc
     int32_t q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     float *q = f->q, *k = f->k, *v = f->v;
 
+    double t = tick(f);
     rmsnorm_rows(f, f->xb, f->x, ly->attn_norm.data, n);
+    charge(f, SB_FWD_NORMS, &t);
     if (a->fused_qkv) {
         int32_t w = q_dim + 2 * kv_dim;
-        matmul(f, &ly->wqkv, f->xb, n, f->hb);
+        matmul(f, &ly->wqkv, f->xb, n, f->hb, &t);
         for (int32_t i = 0; i < n; i++) {
             const float *row = f->hb + (size_t)i * w;
             memcpy(q + (size_t)i * q_dim, row, (size_t)q_dim * sizeof(float));
@@ -362,14 +407,16 @@ static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batc
             memcpy(v + (size_t)i * kv_dim, row + q_dim + kv_dim, (size_t)kv_dim * sizeof(float));
         }
     } else {
-        matmul3(f, f->xb, n, (const sb_weight *[]){&ly->wq, &ly->wk, &ly->wv}, (float *[]){q, k, v}, 3);
+        matmul3(f, f->xb, n, (const sb_weight *[]){&ly->wq, &ly->wk, &ly->wv}, (float *[]){q, k, v}, 3, &t);
     }
     add_bias(q, &ly->bq, n);
     add_bias(k, &ly->bk, n);
     add_bias(v, &ly->bv, n);
+    charge(f, SB_FWD_OTHER, &t);
 
     token_job tj = {.f = f, .kv = kv, .batch = batch, .layer = ly, .il = il};
     sb_threadpool_for(f->pool, n, place_qkv, &tj);
+    charge(f, SB_FWD_PLACE, &t);
 
     /* Groups: runs of tokens of one sequence at consecutive positions. */
     int32_t n_groups = 0;
@@ -382,8 +429,9 @@ static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batc
     f->group_start[n_groups] = n;
     attention_job job = {f, kv, batch, ly, il, q, f->group_start};
     sb_threadpool_for(f->pool, (int64_t)n_groups * hp->n_head, attend_group_head, &job);
+    charge(f, SB_FWD_ATTENTION, &t);
 
-    update_residual(f, &ly->wo, f->att, n, a->post_norms ? &ly->post_attn_norm : NULL);
+    update_residual(f, &ly->wo, f->att, n, a->post_norms ? &ly->post_attn_norm : NULL, &t);
 }
 
 static void ffn_block(sb_forward *f, int32_t n, int32_t il) {
@@ -392,22 +440,25 @@ static void ffn_block(sb_forward *f, int32_t n, int32_t il) {
     const sb_layer *ly = &f->model->layers[il];
     int32_t ff = hp->n_ff;
 
+    double t = tick(f);
     rmsnorm_rows(f, f->xb, f->x, ly->ffn_norm.data, n);
+    charge(f, SB_FWD_NORMS, &t);
     if (a->fused_gate_up) {
         /* Each row of the product is [gate | up]; compact the gates into hb2. */
-        matmul(f, &ly->w_up, f->xb, n, f->hb);
+        matmul(f, &ly->w_up, f->xb, n, f->hb, &t);
         for (int32_t i = 0; i < n; i++) {
             float *row = f->hb + (size_t)i * 2 * ff;
             memcpy(f->hb2 + (size_t)i * ff, row, (size_t)ff * sizeof(float));
             glu(f->hb2 + (size_t)i * ff, row + ff, (size_t)ff, a->act);
         }
     } else {
-        matmul3(f, f->xb, n, (const sb_weight *[]){&ly->w_gate, &ly->w_up}, (float *[]){f->hb, f->hb2}, 2);
+        matmul3(f, f->xb, n, (const sb_weight *[]){&ly->w_gate, &ly->w_up}, (float *[]){f->hb, f->hb2}, 2, &t);
         token_job gj = {.f = f, .n = n};
         sb_threadpool_for(f->pool, ((int64_t)n * ff + GLU_CHUNK - 1) / GLU_CHUNK, glu_chunk, &gj);
     }
+    charge(f, SB_FWD_GLU, &t);
     update_residual(f, &ly->w_down, a->fused_gate_up ? f->hb2 : f->hb, n,
-                    a->post_norms ? &ly->post_ffn_norm : NULL);
+                    a->post_norms ? &ly->post_ffn_norm : NULL, &t);
 }
 
 int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, int32_t n) {
@@ -415,6 +466,7 @@ int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, in
     const sb_hparams *hp = &m->hp;
     int32_t dim = hp->n_embd;
 
+    double t = tick(f);
     for (int32_t i = 0; i < n; i++) {
         float *xi = f->x + (size_t)i * dim;
         sb_get_row(m->tok_embd.type, m->tok_embd.data, dim, batch[i].token, xi);
@@ -425,11 +477,13 @@ int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, in
     for (int32_t i = 0; i < n; i++)
         rope_angles(f->rope_cs + (size_t)i * hp->n_rot, hp->n_rot, batch[i].pos, hp->rope_freq_base,
                     m->rope_freqs.data);
+    charge(f, SB_FWD_NORMS, &t);
     for (int32_t il = 0; il < hp->n_layer; il++) {
         attention_block(f, kv, batch, n, il);
         ffn_block(f, n, il);
     }
 
+    t = tick(f);
     /* Only the tokens that continue a sequence need the output layer. */
     int32_t n_out = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -438,10 +492,17 @@ int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, in
         if (batch[i].want_logits)
             rmsnorm(f->xb + (size_t)n_out++ * dim, f->x + (size_t)i * dim, m->output_norm.data, dim, hp->rms_eps);
     }
+    charge(f, SB_FWD_NORMS, &t);
     if (n_out > 0) {
-        matmul(f, &m->output, f->xb, n_out, f->logits);
+        sb_matmul_dst d = product_into(&m->output, f->logits);
+        multiply(f, &d, 1, m->output.n_in, f->xb, n_out, SB_FWD_HEAD, &t);
+        if (f->prof) {
+            f->prof->head_type = m->output.type;
+            f->prof->head_packed = m->output.packed;
+        }
         if (hp->logit_softcap > 0)
             softcap(f->logits, (size_t)n_out * hp->n_vocab, hp->logit_softcap);
+        charge(f, SB_FWD_OTHER, &t);
     }
     return n_out;
 }

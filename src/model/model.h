@@ -16,6 +16,8 @@
 #ifndef SB_MODEL_H
 #define SB_MODEL_H
 
+#include <time.h>
+
 #include "gguf/gguf.h"
 #include "switchboard.h"
 #include "tensor/tensor.h"
@@ -189,6 +191,39 @@ typedef struct sb_batch_token {
     bool want_embd;        /* keep the final normed hidden state (embeddings) */
 } sb_batch_token;
 
+/* Where forward passes spend their time, summed over the passes run while
+ * sb_forward.prof is set (bench_engine --profile): seconds of
+ * sb_forward.prof_clock on the calling thread (wall time, each parallel
+ * loop's waits included; or the thread's CPU time). While profiled, the
+ * products of one input (a layer's q, k and v; gate and up) run as one
+ * parallel loop per matrix, so that each is charged to its type: a few
+ * microseconds of extra hand-offs per layer. */
+typedef enum sb_fwd_part {
+    SB_FWD_PRODUCTS,  /* the layers' matrix products (by type: type_s) */
+    SB_FWD_HEAD,      /* the output matrix's product */
+    SB_FWD_NORMS,     /* RMSNorms, the embedding lookup, RoPE angles */
+    SB_FWD_PLACE,     /* per-head Q/K norms, RoPE, KV stores */
+    SB_FWD_ATTENTION, /* scores, softmax, weighted values */
+    SB_FWD_GLU,       /* the gated activation */
+    SB_FWD_OTHER,     /* biases, splitting fused products, post-norm additions, soft-caps */
+    SB_FWD_N_PARTS
+} sb_fwd_part;
+
+/* Seconds on clock c (a profile's clock). */
+static inline double sb__clock_s(clockid_t c) {
+    struct timespec ts;
+    clock_gettime(c, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct sb_fwd_profile {
+    double part_s[SB_FWD_N_PARTS];
+    double type_s[SB_TYPE_COUNT];    /* SB_FWD_PRODUCTS by weight type */
+    bool type_packed[SB_TYPE_COUNT]; /* some matrix of that type was multiplied packed */
+    sb_type head_type;
+    bool head_packed;
+} sb_fwd_profile;
+
 /* Scratch for batches of up to max_tokens tokens, at most max_logits of
  * which want logits, from sequences at most max_len long; on a thread pool. */
 typedef struct sb_forward {
@@ -208,6 +243,8 @@ typedef struct sb_forward {
     float *logits; /* (max_logits, n_vocab) */
     float *embd;   /* (max_tokens, n_embd): final normed hidden state of tokens that want it */
     void *work;    /* sb_matmul scratch */
+    sb_fwd_profile *prof; /* NULL: not timed (the default); else passes add to it */
+    clockid_t prof_clock; /* what prof counts: CLOCK_MONOTONIC or CLOCK_THREAD_CPUTIME_ID */
 } sb_forward;
 
 sb_status sb_forward_init(sb_forward *f, const sb_model *m, sb_threadpool *pool, int32_t max_tokens,

@@ -178,8 +178,9 @@ static void assert_same_tokens(const result *a, const result *b) {
     assert_memory_equal(a->tokens, b->tokens, (size_t)a->n * sizeof(int32_t));
 }
 
+/* With prof: the engine's profile of its decoding steps of n_req tokens. */
 static void run_all(const sb_model_t *m, const sb_engine_params *ep, int n_req, result *results,
-                    sb_engine_stats *stats) {
+                    sb_engine_stats *stats, sb_step_profile *prof) {
     sb_engine *e;
     assert_int_equal(sb_engine_create(m, ep, exec, &e, NULL), SB_OK);
     int32_t prompts[16][64];
@@ -195,6 +196,8 @@ static void run_all(const sb_model_t *m, const sb_engine_params *ep, int n_req, 
         result_wait(&results[i]);
     if (stats)
         sb_engine_get_stats(e, stats);
+    if (prof)
+        assert_true(sb_engine_get_profile(e, n_req, prof));
     sb_engine_free(e);
 }
 
@@ -210,10 +213,10 @@ static void batched_equals_alone(const sb_model_t *m, sb_cache_type cache_type) 
         run_alone(m, &ep, i, greedy(NULL, 0, 40), &alone[i]);
     ep.n_parallel = 16;
     ep.max_batch_tokens = 64; /* prompts get chunked and mixed with decoding */
-    run_all(m, &ep, N, together, NULL);
+    run_all(m, &ep, N, together, NULL, NULL);
     ep.n_ctx = 128; /* 16 sequences of up to 80 positions cannot all fit */
     sb_engine_stats st;
-    run_all(m, &ep, N, squeezed, &st);
+    run_all(m, &ep, N, squeezed, &st, NULL);
     fprintf(stderr, "squeezed run: %llu preemptions, %llu steps\n", (unsigned long long)st.preemptions,
             (unsigned long long)st.steps);
     assert_true(st.preemptions > 0);
@@ -222,6 +225,41 @@ static void batched_equals_alone(const sb_model_t *m, sb_cache_type cache_type) 
         assert_same_tokens(&alone[i], &squeezed[i]);
         assert_int_equal(alone[i].text_len, together[i].text_len);
     }
+}
+
+/* A profiled engine generates the same tokens (its products run one matrix
+ * per parallel loop, each (row, token) result computed as before) and
+ * accounts for every decoding step, its parts within its whole. */
+static void test_profile_of_decoding_steps(void **state) {
+    (void)state;
+    enum { N = 4 };
+    static result plain[N], profiled[N];
+    sb_engine_params ep = sb_engine_default_params();
+    ep.n_ctx = 512;
+    run_all(model, &ep, N, plain, NULL, NULL);
+    for (int clock = SB_PROFILE_WALL; clock <= SB_PROFILE_THREAD_CPU; clock++) {
+        ep.profile = (sb_profile_clock)clock;
+        sb_step_profile p;
+        run_all(model, &ep, N, profiled, NULL, &p);
+        for (int i = 0; i < N; i++)
+            assert_same_tokens(&plain[i], &profiled[i]);
+        assert_true(p.steps >= 30); /* 40 tokens each, decoded together after the prompts */
+        double parts = 0;
+        for (int i = 0; i < SB_FWD_N_PARTS; i++) {
+            assert_true(p.fwd.part_s[i] >= 0);
+            parts += p.fwd.part_s[i];
+        }
+        assert_true(p.fwd.part_s[SB_FWD_PRODUCTS] > 0 && p.fwd.part_s[SB_FWD_HEAD] > 0);
+        assert_true(parts <= p.forward_s * 1.0001 + 1e-6);
+        assert_true(p.plan_s + p.forward_s + p.sample_s + p.report_s <= p.step_s * 1.0001 + 1e-6);
+    }
+    sb_engine *e;
+    sb_step_profile p;
+    ep.profile = SB_PROFILE_OFF;
+    assert_int_equal(sb_engine_create(model, &ep, exec, &e, NULL), SB_OK);
+    assert_false(sb_engine_get_profile(e, 1, &p));
+    assert_int_equal(p.steps, 0);
+    sb_engine_free(e);
 }
 
 static void test_batched_equals_alone(void **state) {
@@ -564,6 +602,7 @@ static void test_engine_memory_is_measured(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_alone),
+        cmocka_unit_test(test_profile_of_decoding_steps),
         cmocka_unit_test(test_prefix_computed_once),
         cmocka_unit_test(test_cancel_and_queue_full),
         cmocka_unit_test(test_embedding_unit_norm),
