@@ -254,7 +254,9 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, vi wq[64]) {
 SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs,
                         const uint8_t *xc, float *y, size_t ldy, const uint8_t *pf) {
     const size_t qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
-    const int sub = kq_sub(f), run = kq_run(f);
+    /* loop bounds as constants: a division in a loop's condition gets a
+     * UBSan check, and the unroll pragma is lost */
+    const int sub = kq_sub(f), run = kq_run(f), n_runs = SB_QK_K / run, run_dwords = run / 4;
     const uint8_t *meta = w + (size_t)nb * qsz;
     vf acc[QK_T], accm[QK_T];
     SBX_UNROLL for (int t = 0; t < T; t++)
@@ -276,13 +278,13 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
             memcpy(&dx, xb, sizeof(dx));
             /* two sums of scaled runs (shorter dependency chains), one of mins */
             vi isum[2] = {vi_zero(), vi_zero()}, imin = vi_zero();
-            SBX_UNROLL for (int r = 0; r < SB_QK_K / run; r++) {
+            SBX_UNROLL for (int r = 0; r < n_runs; r++) {
                 const int j = r * run / sub; /* the run's sub-block */
                 vi s = f == KQ_Q6_K   ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS6 + 4 * j))
                        : f == KQ_Q3_K ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * j))
                                       : vi_zero();
-                SBX_UNROLL for (int k = 0; k < run / 4; k++)
-                    s = qb_dot4(s, wq[run / 4 * r + k], xq + run * r + 4 * k);
+                SBX_UNROLL for (int k = 0; k < run_dwords; k++)
+                    s = qb_dot4(s, wq[run_dwords * r + k], xq + run * r + 4 * k);
                 isum[r % 2] = kq_wide(f) ? vi_add32(isum[r % 2], vi_mullo32(s, sc[j])) : qk_madd(isum[r % 2], s, sc[j]);
             }
             const vf vdx = vf_set1(dx);
