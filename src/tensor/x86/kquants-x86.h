@@ -248,9 +248,15 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, vi wq[64]) {
         }
 }
 
-/* T tokens against one packed group of QB_R rows: y[t*ldy + r]. x: the
- * tokens' Q8_K rows, xs apart, each followed (at xc) by its terms; pf: the
- * next group, prefetched at the pace of the blocks, or NULL. */
+/* T (at most QK_T) tokens against one packed group of QB_R rows:
+ * y[t*ldy + r]. x: the tokens' Q8_K rows, xs apart, each followed (at xc) by
+ * its terms; pf: the next group, prefetched at the pace of the blocks, or
+ * NULL. Beyond one token (decode, a constant: its accumulators stay in
+ * registers, +10% hot) T is a run-time count: a token's work (64 four-byte
+ * products and more per block) dwarfs its accumulators' trips through L1
+ * (the same GFLOP/s at 8 tokens as 8 instances by count), and two bodies
+ * per format instead of eight keep the code, and the compile (clang's
+ * above all), a fraction of the size. */
 SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs,
                         const uint8_t *xc, float *y, size_t ldy, const uint8_t *pf) {
     const size_t qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
@@ -259,7 +265,7 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
     const int sub = kq_sub(f), run = kq_run(f), n_runs = SB_QK_K / run, run_dwords = run / 4;
     const uint8_t *meta = w + (size_t)nb * qsz;
     vf acc[QK_T], accm[QK_T];
-    SBX_UNROLL for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++)
         acc[t] = accm[t] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qv = w + (size_t)b * qsz, *mb = meta + (size_t)b * msz;
@@ -271,7 +277,7 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
         kq_unpack(f, gfni, qv, wq);
         kq_scales(f, mb + (kq_mins(f) ? 4 : 2) * QB_R, sc, mn);
         const vf dw = qk_f16(mb), dmw = kq_mins(f) ? qk_f16(mb + 2 * QB_R) : vf_zero();
-        SBX_UNROLL for (int t = 0; t < T; t++) {
+        for (int t = 0; t < T; t++) {
             const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sb_block_q8_K);
             const uint8_t *xq = xb + offsetof(sb_block_q8_K, qs), *ct = xc + (size_t)t * xs + (size_t)b * KQ_TERMS;
             float dx;
@@ -299,7 +305,7 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
             }
         }
     }
-    SBX_UNROLL for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++)
         vf_storeu(y + (size_t)t * ldy, kq_mins(f) ? vf_sub(acc[t], accm[t]) : acc[t]);
 }
 
@@ -316,18 +322,10 @@ SBX_ALWAYS void kq_packed(kq_fmt f, bool gfni, int64_t n, const void *wv, size_t
             const uint8_t *xt = x + (size_t)t * xs, *xct = xc + (size_t)t * xs;
             float *yt = y + (size_t)t * ldy + (size_t)r;
             const uint8_t *pf = t == 0 ? wr + (size_t)QB_R * ws : NULL;
-            switch (nt - t < QK_T ? nt - t : QK_T) {
-            case 1: kq_tile(f, gfni, 1, nb, wr, xt, xs, xct, yt, ldy, pf); break;
-            case 2: kq_tile(f, gfni, 2, nb, wr, xt, xs, xct, yt, ldy, pf); break;
-            case 3: kq_tile(f, gfni, 3, nb, wr, xt, xs, xct, yt, ldy, pf); break;
-#if QK_T > 4
-            case 4: kq_tile(f, gfni, 4, nb, wr, xt, xs, xct, yt, ldy, pf); break;
-            case 5: kq_tile(f, gfni, 5, nb, wr, xt, xs, xct, yt, ldy, pf); break;
-            case 6: kq_tile(f, gfni, 6, nb, wr, xt, xs, xct, yt, ldy, pf); break;
-            case 7: kq_tile(f, gfni, 7, nb, wr, xt, xs, xct, yt, ldy, pf); break;
-#endif
-            default: kq_tile(f, gfni, QK_T, nb, wr, xt, xs, xct, yt, ldy, pf); break;
-            }
+            if (nt - t == 1)
+                kq_tile(f, gfni, 1, nb, wr, xt, xs, xct, yt, ldy, pf);
+            else
+                kq_tile(f, gfni, nt - t < QK_T ? (int)(nt - t) : QK_T, nb, wr, xt, xs, xct, yt, ldy, pf);
         }
     }
 }
