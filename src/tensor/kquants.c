@@ -11,15 +11,16 @@
  *     (make_qkx2_quants, make_q3_quants, make_qx_quants), quantizes those
  *     scales against the block's F16 super-scale, then re-rounds every
  *     element against the scale it will actually be read back with;
- *   - vec_dot follows the float order of ggml's x86 AVX2 kernels, what
- *     llama.cpp runs on these machines (see "dot products" below).
+ *   - vec_dot follows the float order of llama.cpp's repacked Q4_K kernels
+ *     for every format: one integer sum per block (see "dot products"
+ *     below; for the others llama.cpp runs another order).
  *
  * The five weight formats are described by data (kfmt): where their F16
  * scales and packed sub-block scales sit, how the bits of a quant are split
  * across bit planes, and the knobs of the scale search. One piece of code
  * then reads, dequantizes, quantizes and dots them all; the switches on the
  * format are only where ggml's formats genuinely differ (scale packing,
- * the scale search, how the min term is accumulated).
+ * the scale search, the order of a dot product's float steps).
  */
 #include <math.h>
 #include <stdbool.h>
@@ -49,14 +50,6 @@ typedef enum {
     SEARCH_Q3,   /* make_q3_quants: symmetric, iterative refinement */
     SEARCH_QX,   /* make_qx_quants: symmetric, scan of 18 nearby scales */
 } search_kind;
-
-/* How ggml's AVX2 kernel folds the min term -dmin*sum(m*bsum) into the
- * result (see dot_k). */
-typedef enum {
-    MINS_NONE,
-    MINS_IN_LANES, /* Q2_K: 8 group sums added to the 8 lane accumulators first */
-    MINS_APART,    /* Q5_K: n_min_groups accumulators of their own */
-} mins_kind;
 
 /*
  * A bit plane holding `bits` bits of every quant. The plane is cut into
@@ -89,11 +82,6 @@ typedef struct kfmt {
     float rmin;         /* SEARCH_QKX2: first scale tried is (qmax + rmin) / range, */
     uint8_t nstep;      /*   then nstep more in steps of 0.1 */
     bool use_mad;       /* SEARCH_QKX2: error is |diff| (Q2_K) rather than diff^2 */
-    /* Dot product. */
-    mins_kind mins;
-    uint8_t n_min_groups; /* MINS_IN_LANES / MINS_APART: accumulators of the min term */
-    bool bias_by_bsums;   /* Q6_K: the -bias is subtracted per 32 elements through the
-                             activation's bsums rather than per element */
 } kfmt;
 
 static const kfmt fmt_q2_K = {
@@ -102,7 +90,6 @@ static const kfmt fmt_q2_K = {
     .off_scales = offsetof(sb_block_q2_K, scales), .scales = SCALES_Q2,
     .lo = {offsetof(sb_block_q2_K, qs), 2, 32}, .qmax = 3,
     .search = SEARCH_QKX2, .rmin = -0.5f, .nstep = 15, .use_mad = true,
-    .mins = MINS_IN_LANES, .n_min_groups = 8,
 };
 
 static const kfmt fmt_q3_K = {
@@ -129,7 +116,6 @@ static const kfmt fmt_q5_K = {
     .lo = {offsetof(sb_block_q5_K, qs), 4, 32}, .hi = {offsetof(sb_block_q5_K, qh), 1, 32},
     .qmax = 31,
     .search = SEARCH_QKX2, .rmin = -0.5f, .nstep = 15,
-    .mins = MINS_APART, .n_min_groups = 1,
 };
 
 static const kfmt fmt_q6_K = {
@@ -139,7 +125,6 @@ static const kfmt fmt_q6_K = {
     .lo = {offsetof(sb_block_q6_K, ql), 4, 64}, .hi = {offsetof(sb_block_q6_K, qh), 2, 32},
     .qmax = 63, .bias = 32,
     .search = SEARCH_QX,
-    .bias_by_bsums = true,
 };
 
 /* ---- reading and writing blocks ---------------------------------------- */
@@ -177,16 +162,6 @@ static void pack_quants(const kfmt *f, uint8_t *blk, const uint8_t q[SB_QK_K]) {
     }
 }
 
-/* Q3_K: the 6-bit value of sub-block j (before subtracting 32). The low
- * nibbles of bytes 0..7 hold sub-blocks 0..7, their high nibbles 8..15;
- * bytes 8..11 hold the top two bits, sub-block j at byte 8 + j%4, bits
- * 2*(j/4). */
-static int q3_scale(const uint8_t *s, int j) {
-    int lo = j < 8 ? s[j] & 0xf : s[j - 8] >> 4;
-    int hi = s[8 + j % 4] >> (2 * (j / 4)) & 3;
-    return lo | hi << 4;
-}
-
 /* The integer sub-block scales and mins of a block (mins 0 if none). */
 static void unpack_scales(const kfmt *f, const uint8_t *blk, int sc[NSUB_MAX], int m[NSUB_MAX]) {
     const uint8_t *s = blk + f->off_scales;
@@ -199,7 +174,7 @@ static void unpack_scales(const kfmt *f, const uint8_t *blk, int sc[NSUB_MAX], i
             m[j] = s[j] >> 4;
             break;
         case SCALES_Q3:
-            sc[j] = q3_scale(s, j) - 32;
+            sc[j] = sb__q3_scale(s, j) - 32;
             break;
         case SCALES_K4:
             sb__k4_scale_min(s, j, &sc[j], &m[j]);
@@ -635,130 +610,54 @@ void sb__q8_K_from_float_ref(const float *src, void *dst, int64_t n) {
 /* ---- dot products with Q8_K ---------------------------------------------- */
 
 /*
- * Q4_K has its own order (below dot_k). For the others the float order is
- * that of ggml's x86 AVX2 kernels (ggml_vec_dot_qN_K_q8_K in
- * ggml-cpu/arch/x86/quants.c; llama.cpp's AVX-512 builds run the same
- * code), so that our results equal llama.cpp's on these machines and AVX2
- * code can reproduce them exactly. Per block, with D = d_x * d_w and
- * Dmin = -d_x * dmin_w (products of floats, rounded once):
- *
- *   integer lanes: lane l (0..7) sums sc * q_w * q_x over the elements e with
- *     (e mod 32) / 4 == l (what 32-byte loads, maddubs and madd leave in the
- *     eight int32 lanes). Integers are exact; only the lane split matters,
- *     because (float)lane rounds once |lane| >= 2^24.
- *     Q6_K stores its quants +32 and subtracts 32*sum(sc*bsum) of elements
- *     32l..32l+31 from lane l (the bsums trick); Q3_K's -4 is per element.
- *   acc[l] = fma(D, (float)lane[l], acc[l])
- *   min term, sum(m * bsum) over groups of sub-blocks:
- *     Q2_K: 8 groups (elements 32k..32k+31), acc[k] = fma(Dmin, g[k], acc[k])
- *           before the lanes are added;
- *     Q5_K: 1 group into accm[0] = fma(Dmin, g, accm[0]) (a scalar
- *           summs += dmin * g in ggml, contracted to an FMA by the compiler).
- *   result: hsum(acc) (+ hsum(accm)), where hsum halves repeatedly:
- *     ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), and (m0+m2)+(m1+m3).
- *
- * test_ggml_oracle.c checks this against llama.cpp's AVX2 build, bit for
- * bit (the Q5_K contraction included). One deliberate difference: ggml's
- * Q4_K/Q5_K add pairs of bsums in int16, which would wrap only for bsums no
- * Q8_K quantizer writes (|bsum| <= 16*128); we add in int32.
- *
- * ggml's generic C kernels (other CPUs) use a different order: 8 float sums
- * of d*aux32 per 8-element lane, mins folded into one running float; the
- * results differ in the last bits.
- */
-
-/* Pairwise reduction of n (a power of two) floats as the x86 horizontal adds do. */
-static float hsum(float *a, int n) {
-    for (n /= 2; n >= 1; n /= 2)
-        for (int i = 0; i < n; i++)
-            a[i] = a[i] + a[i + n];
-    return a[0];
-}
-
-/* sum over sub-blocks in each of n_groups equal groups of v[sub] * (sum of the
- * activation quants of that sub-block, from bsums). */
-static void group_sums(const kfmt *f, const int *v, const int16_t *bsums, int n_groups, int32_t *g) {
-    const int nsub = SB_QK_K / f->sub, per_group = nsub / n_groups, bs_per_sub = f->sub / 16;
-    for (int k = 0; k < n_groups; k++) {
-        g[k] = 0;
-        for (int j = k * per_group; j < (k + 1) * per_group; j++)
-            for (int b = j * bs_per_sub; b < (j + 1) * bs_per_sub; b++)
-                g[k] += v[j] * bsums[b];
-    }
-}
-
-static float dot_k(const kfmt *f, int64_t n, const void *w, const void *x) {
-    const uint8_t *wb = w;
-    const sb_block_q8_K *xb = x;
-    float acc[8] = {0}, accm[8] = {0};
-    uint8_t q[SB_QK_K];
-    int sc[NSUB_MAX], m[NSUB_MAX];
-    int32_t lane[8], g[8];
-    for (int64_t b = 0; b < n / SB_QK_K; b++, wb += f->size, xb++) {
-        const float D = xb->d * sb__get_f16(wb + f->off_d);
-        const float Dmin = f->off_dmin >= 0 ? -xb->d * sb__get_f16(wb + f->off_dmin) : 0.0f;
-        unpack_scales(f, wb, sc, m);
-        unpack_quants(f, wb, q);
-
-        memset(lane, 0, sizeof(lane));
-        const int elem_bias = f->bias_by_bsums ? 0 : f->bias;
-        for (int e = 0; e < SB_QK_K; e += 4) {
-            const int s = sc[e / f->sub];
-            for (int i = e; i < e + 4; i++)
-                lane[(e % 32) / 4] += s * (q[i] - elem_bias) * xb->qs[i];
-        }
-        if (f->bias_by_bsums) {
-            group_sums(f, sc, xb->bsums, 8, g);
-            for (int l = 0; l < 8; l++)
-                lane[l] -= f->bias * g[l];
-        }
-
-        if (f->mins != MINS_NONE) {
-            group_sums(f, m, xb->bsums, f->n_min_groups, g);
-            float *macc = f->mins == MINS_IN_LANES ? acc : accm;
-            for (int k = 0; k < f->n_min_groups; k++)
-                macc[k] = fmaf(Dmin, (float)g[k], macc[k]);
-        }
-        for (int l = 0; l < 8; l++)
-            acc[l] = fmaf(D, (float)lane[l], acc[l]);
-    }
-    const float sum = hsum(acc, 8);
-    return f->mins == MINS_APART ? sum + hsum(accm, f->n_min_groups) : sum;
-}
-
-float sb__vec_dot_q2_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q2_K, n, w, x); }
-float sb__vec_dot_q3_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q3_K, n, w, x); }
-/*
- * Q4_K: the order of llama.cpp's repacked Q4_K kernels (ggml_gemv_q4_K_8x8_q8_K
+ * The order of llama.cpp's repacked Q4_K kernels (ggml_gemv_q4_K_8x8_q8_K
  * and its gemm, what its x86 CPU backend runs Q4_K matrices with once it has
- * interleaved their rows at load), not of its vec_dot: per block one exact
- * integer sum isum = sum_j sc_j * sum(q*x over sub-block j) and one
- * imin = sum_j m_j * (bsum_2j + bsum_2j+1), then
+ * interleaved their rows at load), for every format: per block one exact
+ * integer sum
+ *   isum = sum_j sc_j * sum over sub-block j of (q - bias) * x
+ * and, for the formats with mins, imin = sum_j m_j * (the activation
+ * quants' sum over sub-block j, from bsums), then
  *   acc  = fma((float)isum, d_w*d_x, acc),  accm = fma((float)imin, dmin_w*d_x, accm),
- * and acc - accm at the end. One float step per block and row is what lets a
- * vector lane hold a whole row (x86/kquants-x86.h), as for Q4_0.
+ * and acc - accm at the end (acc alone without mins). One float step per
+ * block and row is what lets a vector lane hold a whole row
+ * (x86/kquants-x86.h), as for Q4_0. For Q4_K this is llama.cpp's own
+ * arithmetic (test_ggml_oracle checks it bit for bit). For the others
+ * llama.cpp's x86 backend runs its vec_dot kernels (8 float lanes per
+ * block, a halving sum at the end; its repacked Q2_K only on AVX-512), so
+ * our results differ from its in the last bits: the oracle test bounds the
+ * difference, bench/check-distributions and tests/oracle/kquants.mjs
+ * measure it end to end. |isum| < 2^31 for every format: at most
+ * 16 * 128 * 16 * 32 * 128 (Q6_K).
  */
-float sb__vec_dot_q4_K_q8_K_ref(int64_t n, const void *w, const void *x) {
+static float dot_block(const kfmt *f, int64_t n, const void *w, const void *x) {
     const uint8_t *wb = w;
     const sb_block_q8_K *xb = x;
+    const bool mins = f->off_dmin >= 0;
+    const int nsub = SB_QK_K / f->sub, bs_per_sub = f->sub / 16;
     float acc = 0, accm = 0;
     uint8_t q[SB_QK_K];
     int sc[NSUB_MAX], m[NSUB_MAX];
-    for (int64_t b = 0; b < n / SB_QK_K; b++, wb += fmt_q4_K.size, xb++) {
-        unpack_scales(&fmt_q4_K, wb, sc, m);
-        unpack_quants(&fmt_q4_K, wb, q);
+    for (int64_t b = 0; b < n / SB_QK_K; b++, wb += f->size, xb++) {
+        unpack_scales(f, wb, sc, m);
+        unpack_quants(f, wb, q);
         int32_t isum = 0, imin = 0;
-        for (int j = 0; j < SB_QK_K / 32; j++) {
+        for (int j = 0; j < nsub; j++) {
             int32_t s = 0;
-            for (int e = 32 * j; e < 32 * (j + 1); e++)
-                s += q[e] * xb->qs[e];
+            for (int e = f->sub * j; e < f->sub * (j + 1); e++)
+                s += (q[e] - f->bias) * xb->qs[e];
             isum += sc[j] * s;
-            imin += m[j] * (xb->bsums[2 * j] + xb->bsums[2 * j + 1]);
+            for (int k = j * bs_per_sub; k < (j + 1) * bs_per_sub; k++)
+                imin += m[j] * xb->bsums[k];
         }
-        acc = fmaf((float)isum, sb__get_f16(wb + fmt_q4_K.off_d) * xb->d, acc);
-        accm = fmaf((float)imin, sb__get_f16(wb + fmt_q4_K.off_dmin) * xb->d, accm);
+        acc = fmaf((float)isum, sb__get_f16(wb + f->off_d) * xb->d, acc);
+        if (mins)
+            accm = fmaf((float)imin, sb__get_f16(wb + f->off_dmin) * xb->d, accm);
     }
-    return acc - accm;
+    return mins ? acc - accm : acc;
 }
-float sb__vec_dot_q5_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q5_K, n, w, x); }
-float sb__vec_dot_q6_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_k(&fmt_q6_K, n, w, x); }
+
+float sb__vec_dot_q2_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_block(&fmt_q2_K, n, w, x); }
+float sb__vec_dot_q3_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_block(&fmt_q3_K, n, w, x); }
+float sb__vec_dot_q4_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_block(&fmt_q4_K, n, w, x); }
+float sb__vec_dot_q5_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_block(&fmt_q5_K, n, w, x); }
+float sb__vec_dot_q6_K_q8_K_ref(int64_t n, const void *w, const void *x) { return dot_block(&fmt_q6_K, n, w, x); }

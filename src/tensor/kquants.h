@@ -77,6 +77,16 @@ static inline void sb__k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
     }
 }
 
+/* Q3_K: the 6-bit value of sub-block j (before subtracting 32) from the 12
+ * scale bytes s. The low nibbles of bytes 0..7 hold sub-blocks 0..7, their
+ * high nibbles 8..15; bytes 8..11 hold the top two bits, sub-block j at byte
+ * 8 + j%4, bits 2*(j/4). */
+static inline int sb__q3_scale(const uint8_t *s, int j) {
+    int lo = j < 8 ? s[j] & 0xf : s[j - 8] >> 4;
+    int hi = s[8 + j % 4] >> (2 * (j / 4)) & 3;
+    return lo | hi << 4;
+}
+
 /* Dequantization: exactly ggml's dequantize_row_*. n is a multiple of 256. */
 void sb__q2_K_to_float(const void *src, float *dst, int64_t n);
 void sb__q3_K_to_float(const void *src, float *dst, int64_t n);
@@ -98,7 +108,7 @@ void sb__q6_K_from_float_ref(const float *src, void *dst, int64_t n);
 void sb__q8_K_from_float_ref(const float *src, void *dst, int64_t n);
 
 /* Dot products of a weight row with a Q8_K activation row, in the float
- * order of ggml's x86 AVX2 kernels (see kquants.c). */
+ * order of llama.cpp's repacked Q4_K kernels (see kquants.c). */
 float sb__vec_dot_q2_K_q8_K_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q3_K_q8_K_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q4_K_q8_K_ref(int64_t n, const void *w, const void *x);
@@ -108,9 +118,12 @@ float sb__vec_dot_q6_K_q8_K_ref(int64_t n, const void *w, const void *x);
 #if defined(__x86_64__)
 /* AVX2 + FMA versions (x86/kquants_avx2.c), bit-identical to the _ref
  * ones; callable only on a CPU with AVX2 and FMA. */
+float sb__vec_dot_q2_K_q8_K_avx2(int64_t n, const void *w, const void *x);
+float sb__vec_dot_q3_K_q8_K_avx2(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *x);
+float sb__vec_dot_q5_K_q8_K_avx2(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *x);
-/* Sets the Q4_K and Q6_K gemm entries of an AVX2 (or AVX-512) level table. */
+/* Sets the K-quant gemm entries of an AVX2 (or AVX-512) level table. */
 void sb__kquants_fill_avx2(sb_kernels *k);
 #endif
 

@@ -107,13 +107,13 @@ void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t 
     const sb_kernels *k = sb_kernels_active();
     const sb_type act = sb_type_traits_of(dst[0].type)->vec_dot_type;
     /* One activation format for all: the same vec_dot_type, and packed
-     * matrices of one type (their terms follow every row). */
+     * matrices whose types share one kind of terms (they follow every row). */
     int packed_type = -1;
     bool one_format = true;
     for (int i = 0; i < n; i++) {
         one_format = one_format && sb_type_traits_of(dst[i].type)->vec_dot_type == act;
         if (dst[i].packed && k->packing[dst[i].type].terms) {
-            one_format = one_format && (packed_type < 0 || packed_type == (int)dst[i].type);
+            one_format = one_format && (packed_type < 0 || k->packing[packed_type].terms == k->packing[dst[i].type].terms);
             packed_type = (int)dst[i].type;
         }
     }

@@ -25,8 +25,8 @@
 #include "testutil.h"
 
 static const sb_type weight_types[] = {SB_TYPE_F32,  SB_TYPE_F16,  SB_TYPE_BF16, SB_TYPE_Q4_0, SB_TYPE_Q4_1,
-                                       SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0, SB_TYPE_Q4_K, SB_TYPE_Q5_K,
-                                       SB_TYPE_Q6_K};
+                                       SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0, SB_TYPE_Q2_K, SB_TYPE_Q3_K,
+                                       SB_TYPE_Q4_K, SB_TYPE_Q5_K, SB_TYPE_Q6_K};
 static const sb_type act_types[] = {SB_TYPE_F32, SB_TYPE_F16, SB_TYPE_BF16, SB_TYPE_Q8_0, SB_TYPE_Q8_1, SB_TYPE_Q8_K};
 
 /* Row lengths in the tests are given for 32-element blocks; a K-quant's
@@ -118,14 +118,19 @@ static void fill_rows(sb_type t, bool act, int64_t n, int64_t nrows, uint8_t *p,
                 src[i] = mode == 1 && i < 256 ? 0.0f : rng_unit() * (mode == 0 ? 3.0f : ldexpf(1.0f, mode * 6 - 20));
             tr->act_from_float(src, p, n);
             free(src);
-        } else if (tr->blck_size == SB_QK_K) { /* K-quant weights: random bytes, F16 d (and dmin) first */
+        } else if (tr->blck_size == SB_QK_K) { /* K-quant weights: random bytes, then F16 d (and dmin) */
             for (int64_t b = 0; b < n / SB_QK_K; b++) {
                 uint8_t *blk = p + (size_t)b * tr->type_size;
                 for (uint32_t i = 0; i < tr->type_size; i++)
                     blk[i] = (uint8_t)rng_u64();
-                if (t == SB_TYPE_Q6_K) {
-                    put_u16(blk + offsetof(sb_block_q6_K, d), rng_scale());
-                } else {
+                switch (t) {
+                case SB_TYPE_Q2_K:
+                    put_u16(blk + offsetof(sb_block_q2_K, d), rng_scale());
+                    put_u16(blk + offsetof(sb_block_q2_K, dmin), rng_scale());
+                    break;
+                case SB_TYPE_Q3_K: put_u16(blk + offsetof(sb_block_q3_K, d), rng_scale()); break;
+                case SB_TYPE_Q6_K: put_u16(blk + offsetof(sb_block_q6_K, d), rng_scale()); break;
+                default: /* Q4_K, Q5_K */
                     put_u16(blk, rng_scale());
                     put_u16(blk + 2, rng_scale());
                 }

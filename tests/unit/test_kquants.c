@@ -423,7 +423,11 @@ static void test_avx2_matches_reference(void **state) {
     static const struct {
         sb_type type;
         float (*avx2)(int64_t, const void *, const void *);
-    } kernels[] = {{SB_TYPE_Q4_K, sb__vec_dot_q4_K_q8_K_avx2}, {SB_TYPE_Q6_K, sb__vec_dot_q6_K_q8_K_avx2}};
+    } kernels[] = {{SB_TYPE_Q2_K, sb__vec_dot_q2_K_q8_K_avx2},
+                   {SB_TYPE_Q3_K, sb__vec_dot_q3_K_q8_K_avx2},
+                   {SB_TYPE_Q4_K, sb__vec_dot_q4_K_q8_K_avx2},
+                   {SB_TYPE_Q5_K, sb__vec_dot_q5_K_q8_K_avx2},
+                   {SB_TYPE_Q6_K, sb__vec_dot_q6_K_q8_K_avx2}};
     float *w = malloc(N * sizeof(float)), *x = malloc(NT * N * sizeof(float));
     uint8_t *wq = malloc(sb_type_row_size(SB_TYPE_Q8_K, N)), *xq = malloc(NT * sb_type_row_size(SB_TYPE_Q8_K, N));
     const size_t xs = sb_type_row_size(SB_TYPE_Q8_K, N);
@@ -444,11 +448,12 @@ static void test_avx2_matches_reference(void **state) {
                     wq[j] = (uint8_t)rng_u64();
                 for (int b = 0; b < N / SB_QK_K; b++) {
                     uint8_t *blk = wq + (size_t)b * t->type_size;
-                    if (kernels[i].type == SB_TYPE_Q4_K) {
-                        blk[1] &= 0xbf; /* d */
-                        blk[3] &= 0xbf; /* dmin */
-                    } else {
-                        blk[209] &= 0xbf; /* d */
+                    /* d (and dmin): the top exponent bit cleared, finite */
+                    switch (kernels[i].type) {
+                    case SB_TYPE_Q2_K: blk[81] &= 0xbf, blk[83] &= 0xbf; break;
+                    case SB_TYPE_Q3_K: blk[109] &= 0xbf; break;
+                    case SB_TYPE_Q6_K: blk[209] &= 0xbf; break;
+                    default: blk[1] &= 0xbf, blk[3] &= 0xbf;
                     }
                 }
             } else {

@@ -1431,22 +1431,9 @@ void SBX_FILL(sb_kernels *k) {
     k->act_from_float[SB_TYPE_BF16] = act_bf16;
     k->act_from_float[SB_TYPE_Q8_0] = act_q8_0;
     k->act_from_float[SB_TYPE_Q8_1] = act_q8_1;
-    /* K-quants: AVX2 kernels at both levels (ggml runs the same code there),
-     * Q4_K packed at load (kquants-x86.h). */
+    /* K-quants: Q4_K, Q5_K and Q6_K packed at load (kquants-x86.h); the
+     * AVX2 dot products at both levels for matrices that cannot be. */
     sb__kquants_fill_avx2(k);
     k->act_from_float[SB_TYPE_Q8_K] = act_q8_K;
-    k->packing[SB_TYPE_Q4_K] = (sb_packing){
-        .rows = QB_R,
-        .pack = pack_q4_K,
-#if SBX_AVX512
-        .gemm = k->gfni ? gemm_q4_K_packed_gfni : gemm_q4_K_packed,
-#else
-        .gemm = gemm_q4_K_packed,
-#endif
-        .term_bytes = QK_TERMS,
-        .terms = qk_terms};
-#if SBX_AVX512
-    k->gemm[SB_TYPE_Q5_K] = gemm_q5_K;
-    k->gemm[SB_TYPE_Q6_K] = gemm_q6_K;
-#endif
+    kq_fill(k);
 }
