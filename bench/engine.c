@@ -10,8 +10,14 @@
  * For every stream count S: S requests (prompts of 4..15 pseudo-random ids
  * after BOS, so the prompts differ as the server benchmark's do), each
  * generating exactly TOKENS tokens (ignore_eos), all submitted together.
- * t/s = S * TOKENS / (time from submission to the last completion); the
- * prompts are short, so this is the decode rate. Sampling is the server's
+ * The decode rate, as llama.cpp's benchmarks time it (tg, and the decoding
+ * of batched-bench), leaves the prompts out: the tokens generated after
+ * every stream has its first one, per second from that moment to the last
+ * completion. The rate with the prompts, S * TOKENS / (time from submission
+ * to the last completion), is printed beside it: 8 streams' prompts are
+ * 5..12 tokens each, the single stream's 5, so at 32 tokens per stream the
+ * prompts are about a sixth of the 8 streams' work and a fourteenth of the
+ * single stream's. Sampling is the server's
  * default for OpenAI requests: temperature T (0.8), no top-k, top-p or
  * min-p, a seed per request. Prints the median of REPS
  * runs per S and its ratio to the S = 1 median, per wall second and per
@@ -48,26 +54,52 @@
 #define MAX_STREAMS 64
 #define MAX_REPS 32
 
-typedef struct waiter {
-    pthread_mutex_t lock;
-    pthread_cond_t done;
-    int remaining;
-} waiter;
-
-static void on_event(void *user, const sb_gen_event *ev) {
-    waiter *w = user;
-    if (ev->kind != SB_GEN_DONE)
-        return;
-    pthread_mutex_lock(&w->lock);
-    if (--w->remaining == 0)
-        pthread_cond_signal(&w->done);
-    pthread_mutex_unlock(&w->lock);
-}
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+struct waiter;
+typedef struct stream {
+    struct waiter *w;
+    bool started; /* has its first token */
+} stream;
+
+/* The requests of one run: how many are still going, and the decoding
+ * phase (from the moment every one has its first token). A step reports
+ * its sequences in admission order, so the last to start is reported last
+ * in its step and the others' tokens of that step are not counted. */
+typedef struct waiter {
+    pthread_mutex_t lock;
+    pthread_cond_t done;
+    int remaining, not_started;
+    double decode_t0;      /* when the last one got its first token */
+    long decode_tokens;    /* tokens generated after decode_t0 */
+    stream s[2 * MAX_STREAMS];
+} waiter;
+
+static void waiter_init(waiter *w, int requests) {
+    *w = (waiter){.remaining = requests, .not_started = requests};
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->done, NULL);
+    for (int i = 0; i < 2 * MAX_STREAMS; i++)
+        w->s[i].w = w;
+}
+
+static void on_event(void *user, const sb_gen_event *ev) {
+    stream *st = user;
+    waiter *w = st->w;
+    pthread_mutex_lock(&w->lock);
+    if (ev->kind == SB_GEN_TOKEN && !st->started) {
+        st->started = true;
+        if (--w->not_started == 0)
+            w->decode_t0 = now_s();
+    } else if (ev->kind == SB_GEN_TOKEN && w->not_started == 0)
+        w->decode_tokens++;
+    else if (ev->kind == SB_GEN_DONE && --w->remaining == 0)
+        pthread_cond_signal(&w->done);
+    pthread_mutex_unlock(&w->lock);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -75,10 +107,11 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* S requests (prompt seeded by rep and i) to engine e, counted by w. */
-/* Returns how many were submitted (all, unless one failed). */
-static int submit_streams(sb_engine *e, const sb_model_t *m, waiter *w, int streams, int tokens, float temp,
-                          int rep) {
+/* S requests (prompt seeded by rep and i) to engine e, counted by w from
+ * its stream `first` on. Returns how many were submitted (all, unless one
+ * failed). */
+static int submit_streams(sb_engine *e, const sb_model_t *m, waiter *w, int first, int streams, int tokens,
+                          float temp, int rep) {
     const int32_t n_vocab = sb_model_n_vocab(m), bos = sb_model_token_bos(m);
     uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)rep;
     for (int i = 0; i < streams; i++) {
@@ -101,7 +134,7 @@ static int submit_streams(sb_engine *e, const sb_model_t *m, waiter *w, int stre
         p.sampling.min_p = 0.0f;
         p.sampling.seed = (uint64_t)(i + 1);
         sb_error err = {0};
-        if (sb_engine_submit(e, &p, on_event, w, NULL, &err) != SB_OK) {
+        if (sb_engine_submit(e, &p, on_event, &w->s[first + i], NULL, &err) != SB_OK) {
             fprintf(stderr, "bench_engine: submit: %s\n", err.msg);
             return i;
         }
@@ -117,12 +150,16 @@ static void wait_all(waiter *w) {
 }
 
 /* One run of S concurrent requests to each of the first n engines, all
- * submitted together; returns aggregate generated t/s, or < 0. */
-static double run_streams(sb_engine **e, sb_model_t **m, int n, int streams, int tokens, float temp, int rep) {
-    waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, n * streams};
+ * submitted together; returns the aggregate decode rate (t/s; 0 when no
+ * token followed the first ones), or < 0, and sets *with_prompts to the
+ * rate from submission. */
+static double run_streams(sb_engine **e, sb_model_t **m, int n, int streams, int tokens, float temp, int rep,
+                          double *with_prompts) {
+    waiter w;
+    waiter_init(&w, n * streams);
     double t0 = now_s();
     for (int k = 0; k < n; k++) {
-        int sent = submit_streams(e[k], m[k], &w, streams, tokens, temp, rep);
+        int sent = submit_streams(e[k], m[k], &w, k * streams, streams, tokens, temp, rep);
         if (sent < streams) {
             /* what was submitted still runs: wait for it before the waiter goes */
             pthread_mutex_lock(&w.lock);
@@ -133,7 +170,9 @@ static double run_streams(sb_engine **e, sb_model_t **m, int n, int streams, int
         }
     }
     wait_all(&w);
-    return n * streams * (double)tokens / (now_s() - t0);
+    double t1 = now_s();
+    *with_prompts = n * streams * (double)tokens / (t1 - t0);
+    return w.decode_tokens > 0 ? (double)w.decode_tokens / (t1 - w.decode_t0) : 0;
 }
 
 /* R requests one after another, request r to engine r % n, each a short
@@ -141,8 +180,9 @@ static double run_streams(sb_engine **e, sb_model_t **m, int n, int streams, int
 static double run_sequential(sb_engine **e, sb_model_t **m, int n, int requests, int tokens, int rep) {
     double t0 = now_s();
     for (int r = 0; r < requests; r++) {
-        waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1};
-        if (submit_streams(e[r % n], m[r % n], &w, 1, tokens, 0.8f, rep * requests + r) < 1)
+        waiter w;
+        waiter_init(&w, 1);
+        if (submit_streams(e[r % n], m[r % n], &w, 0, 1, tokens, 0.8f, rep * requests + r) < 1)
             return -1;
         wait_all(&w);
     }
@@ -160,15 +200,16 @@ typedef struct bench {
     sb_model_t *m[2];
     int streams, tokens, requests;
     float temp;
+    double second; /* the last run's second figure: the rate with the prompts, or again ms per request */
 } bench;
 
-/* One run over the first n engines: streams (t/s) or requests in a row (ms each). */
+/* One run over the first n engines: streams (decode t/s) or requests in a row (ms each). */
 typedef double (*run_fn)(bench *b, int n, int rep);
 static double streams_fn(bench *b, int n, int rep) {
-    return run_streams(b->e, b->m, n, b->streams, b->tokens, b->temp, rep);
+    return run_streams(b->e, b->m, n, b->streams, b->tokens, b->temp, rep, &b->second);
 }
 static double sequential_fn(bench *b, int n, int rep) {
-    return run_sequential(b->e, b->m, n, b->requests, b->tokens, rep);
+    return b->second = run_sequential(b->e, b->m, n, b->requests, b->tokens, rep);
 }
 
 static double cpu_s(void) {
@@ -177,9 +218,10 @@ static double cpu_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* The figures of a comparison: [wall clock, process CPU time][one engine,
- * n engines, their paired ratio or difference][median, min, max]. */
-typedef double figures[2][3][3];
+/* The figures of a comparison: [per wall clock, per process CPU time, the
+ * run's second figure per wall clock][one engine, n engines, their paired
+ * ratio or difference][median, min, max]. */
+typedef double figures[3][3][3];
 
 /* REPS pairs of runs, on one engine then on n, after a warm-up of each:
  * the two figures' medians, and the median of the pairs' ratios (or
@@ -189,7 +231,7 @@ typedef double figures[2][3][3];
  * machine, where the wall clock counts the neighbours' time slices too,
  * that is the steadier measure of what the work costs. */
 static bool compare(bench *b, run_fn f, int n, int reps, bool ratio, figures out) {
-    double v[2][3][MAX_REPS];
+    double v[3][3][MAX_REPS];
     f(b, 1, -1);
     f(b, n, -1);
     for (int k = 0; k < reps; k++)
@@ -202,8 +244,9 @@ static bool compare(bench *b, run_fn f, int n, int reps, bool ratio, figures out
             v[0][which][k] = fig;
             /* t/s scale by wall / cpu, ms per request by cpu / wall */
             v[1][which][k] = which == 1 && n == 1 ? v[1][0][k] : ratio ? fig * wall / cpu : fig * cpu / wall;
+            v[2][which][k] = which == 1 && n == 1 ? v[2][0][k] : b->second;
         }
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < 3; c++) {
         for (int k = 0; k < reps; k++)
             v[c][2][k] = ratio ? v[c][1][k] / v[c][0][k] : v[c][1][k] - v[c][0][k];
         for (int i = 0; i < 3; i++)
@@ -360,14 +403,14 @@ int main(int argc, char **argv) {
     }
     printf("executor threads %d, process threads %d (the caller and the executor's), %d steps per turn\n\n",
            sb_executor_n_threads(x), process_threads(), steps_per_turn);
-    static const char *const clocks[2] = {"wall", "CPU"};
+    static const char *const clocks[3] = {"wall s, decoding", "CPU s, decoding", "wall s, with prompts"};
     if (n_models == 1)
-        printf("| streams | t/s median | min | max | x single | per CPU s: t/s median | x single |\n"
-               "|--:|--:|--:|--:|--:|--:|--:|\n");
+        printf("| streams | decode t/s median | min | max | x single | per CPU s: t/s median | x single |"
+               " with prompts: t/s median | x single |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
     else
         printf("| streams per model | per | one model t/s (min-max) | two models at once t/s (min-max) |"
                " two / one, paired (min-max) |\n|--:|--|--:|--:|--:|\n");
-    double single = 0, single_cpu = 0;
+    double single = 0, single_cpu = 0, single_e2e = 0;
     for (const char *s = list; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL) {
         if (!parse_int(s, 1, MAX_STREAMS, &b.streams)) {
             fprintf(stderr, "bench_engine: bad stream count in -s %s (1..%d)\n", list, MAX_STREAMS);
@@ -382,14 +425,15 @@ int main(int argc, char **argv) {
             break;
         }
         if (n_models == 1) {
-            double *one = fg[0][0], *cpu = fg[1][0];
+            double *one = fg[0][0], *cpu = fg[1][0], *e2e = fg[2][0];
             if (b.streams == 1)
-                single = one[0], single_cpu = cpu[0];
-            printf("| %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.2f |\n", b.streams, one[0], one[1], one[2],
-                   single > 0 ? one[0] / single : 0, cpu[0], single_cpu > 0 ? cpu[0] / single_cpu : 0);
+                single = one[0], single_cpu = cpu[0], single_e2e = e2e[0];
+            printf("| %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f |\n", b.streams, one[0], one[1],
+                   one[2], single > 0 ? one[0] / single : 0, cpu[0], single_cpu > 0 ? cpu[0] / single_cpu : 0, e2e[0],
+                   single_e2e > 0 ? e2e[0] / single_e2e : 0);
         } else {
-            for (int c = 0; c < 2; c++)
-                printf("| %d | %s s | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.3f (%.3f-%.3f) |\n", b.streams,
+            for (int c = 0; c < 3; c++)
+                printf("| %d | %s | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.3f (%.3f-%.3f) |\n", b.streams,
                        clocks[c], fg[c][0][0], fg[c][0][1], fg[c][0][2], fg[c][1][0], fg[c][1][1], fg[c][1][2],
                        fg[c][2][0], fg[c][2][1], fg[c][2][2]);
         }
@@ -411,7 +455,7 @@ int main(int argc, char **argv) {
                    alt_tokens, n_models);
             for (int c = 0; c < 2; c++)
                 printf("| %d | %s | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %+.3f (%+.3f-%+.3f) |\n", alternate,
-                       clocks[c], fg[c][0][0], fg[c][0][1], fg[c][0][2], fg[c][1][0], fg[c][1][1], fg[c][1][2],
+                       c ? "CPU" : "wall", fg[c][0][0], fg[c][0][1], fg[c][0][2], fg[c][1][0], fg[c][1][1], fg[c][1][2],
                        fg[c][2][0], fg[c][2][1], fg[c][2][2]);
         }
     }
