@@ -191,78 +191,85 @@ SBX_ALWAYS vi qk_bits_to(vi v, int from, int to) {
     return from < to ? vi_slli16(v, to - from) : from > to ? vi_srli16(v, from - to) : v;
 }
 
-/* One packed block's quants, unsigned (0..qmax), as wq[g] = elements
- * 4g..4g+3 of every row. Q4_K, Q5_K: qs dword k of 32-element pair c has
- * elements 64c + 4k.. in its low nibbles and 64c + 32 + 4k.. in its high;
- * Q5_K's fifth bit of element 32j + i is bit j of qh byte i. Q6_K: ql
- * dword m of half h has elements 128h + 4m.. (low nibbles) and
- * 128h + 64 + 4m.. (high); their top two bits are bits 2s, 2s + 1 of qh
- * dword 8h + m % 8, with s = m / 8 (low) or 2 + m / 8 (high). Q2_K, Q3_K:
- * element 128h + 32j + l has bits 2j of qs byte 32h + l (dword 8h + l / 4),
- * Q3_K's third bit is bit 4h + j of hmask byte l. */
-SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, vi wq[64]) {
+/* A block's quants are unpacked a unit at a time: 16 vectors (a quarter
+ * of the block), each source vector loaded once, that are 4 whole runs (2
+ * of Q5_K's) and stay in registers while every token of the pass takes
+ * its products with them. Run i of unit u is run kq_unit_run(f, u, i). */
+SBX_ALWAYS int kq_unit_runs(kq_fmt f) { return f == KQ_Q5_K ? 2 : 4; }
+SBX_ALWAYS int kq_unit_run(kq_fmt f, int u, int i) {
+    return f == KQ_Q4_K || f == KQ_Q5_K ? kq_unit_runs(f) * u + i : 8 * (u / 2) + 2 * i + u % 2;
+}
+
+/* Unit u of one packed block's quants, unsigned (0..qmax): wq[g] =
+ * elements 4g..4g+3 of every row, for the 16 g of the unit's runs. Q4_K,
+ * Q5_K: qs dword k of 32-element pair c has elements 64c + 4k.. in its low
+ * nibbles and 64c + 32 + 4k.. in its high (unit c); Q5_K's fifth bit of
+ * element 32j + i is bit j of qh byte i. Q6_K: ql dword m of half h has
+ * elements 128h + 4m.. (low nibbles) and 128h + 64 + 4m.. (high); their top
+ * two bits are bits 2s, 2s + 1 of qh dword 8h + m % 8, with s = m / 8 (low)
+ * or 2 + m / 8 (high); unit 2h + a takes the m with m % 8 / 4 = a. Q2_K,
+ * Q3_K: element 128h + 32j + l has bits 2j of qs byte 32h + l (dword
+ * 8h + l / 4), Q3_K's third bit is bit 4h + j of hmask byte l; unit 2h + a
+ * takes the l with l / 16 = a. */
+SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[64]) {
     const vi m4 = vi_set1_8(0x0f);
     if (f == KQ_Q2_K || f == KQ_Q3_K) {
         const vi m3 = vi_set1_8(3), b2 = vi_set1_8(4);
-        vi hm[8];
-        if (f == KQ_Q3_K)
-            SBX_UNROLL for (int k = 0; k < 8; k++)
-                hm[k] = vi_loadu(qv + (size_t)(16 + k) * 4 * QB_R);
-        SBX_UNROLL for (int h = 0; h < 2; h++)
-            SBX_UNROLL for (int k = 0; k < 8; k++) {
-                const vi v = vi_loadu(qv + (size_t)(8 * h + k) * 4 * QB_R);
-                SBX_UNROLL for (int j = 0; j < 4; j++) {
-                    const vi q = vi_and(qk_bits_to(v, 2 * j, 0), m3);
-                    wq[32 * h + 8 * j + k] = f == KQ_Q3_K ? qk_or_and(q, qk_bits_to(hm[k], 4 * h + j, 2), b2) : q;
-                }
+        const int h = u / 2;
+        SBX_UNROLL for (int k = 4 * (u % 2); k < 4 * (u % 2) + 4; k++) {
+            const vi v = vi_loadu(qv + (size_t)(8 * h + k) * 4 * QB_R);
+            const vi hm = f == KQ_Q3_K ? vi_loadu(qv + (size_t)(16 + k) * 4 * QB_R) : v;
+            SBX_UNROLL for (int j = 0; j < 4; j++) {
+                const vi q = vi_and(qk_bits_to(v, 2 * j, 0), m3);
+                wq[32 * h + 8 * j + k] = f == KQ_Q3_K ? qk_or_and(q, qk_bits_to(hm, 4 * h + j, 2), b2) : q;
             }
+        }
         return;
     }
     if (f == KQ_Q6_K) {
         const vi m2 = vi_set1_8(0x30);
-        vi qh[16];
-        SBX_UNROLL for (int i = 0; i < 16; i++)
-            qh[i] = vi_loadu(qv + (size_t)(32 + i) * 4 * QB_R);
-        SBX_UNROLL for (int h = 0; h < 2; h++)
-            SBX_UNROLL for (int m = 0; m < 16; m++) {
-                const vi v = vi_loadu(qv + (size_t)(16 * h + m) * 4 * QB_R), hv = qh[8 * h + m % 8];
-                wq[32 * h + m] = qk_or_and(vi_and(v, m4), qk_bits_to(hv, 2 * (m / 8), 4), m2);
-                wq[32 * h + 16 + m] = qk_or_and(qb_high_nibbles(v, m4, gfni), qk_bits_to(hv, 4 + 2 * (m / 8), 4), m2);
-            }
-        return;
-    }
-    vi qh[8];
-    if (f == KQ_Q5_K)
-        SBX_UNROLL for (int k = 0; k < 8; k++)
-            qh[k] = vi_loadu(qv + (size_t)(32 + k) * 4 * QB_R);
-    const vi b4 = vi_set1_8(0x10);
-    SBX_UNROLL for (int c = 0; c < 4; c++)
-        SBX_UNROLL for (int k = 0; k < 8; k++) {
-            const vi v = vi_loadu(qv + (size_t)(8 * c + k) * 4 * QB_R);
-            wq[16 * c + k] = vi_and(v, m4);
-            wq[16 * c + 8 + k] = qb_high_nibbles(v, m4, gfni);
-            if (f == KQ_Q5_K) {
-                wq[16 * c + k] = qk_or_and(wq[16 * c + k], qk_bits_to(qh[k], 2 * c, 4), b4);
-                wq[16 * c + 8 + k] = qk_or_and(wq[16 * c + 8 + k], qk_bits_to(qh[k], 2 * c + 1, 4), b4);
+        const int h = u / 2, a = u % 2;
+        SBX_UNROLL for (int i = 0; i < 4; i++) {
+            const vi hv = vi_loadu(qv + (size_t)(32 + 8 * h + 4 * a + i) * 4 * QB_R);
+            SBX_UNROLL for (int s = 0; s < 2; s++) {
+                const int m = 8 * s + 4 * a + i;
+                const vi v = vi_loadu(qv + (size_t)(16 * h + m) * 4 * QB_R);
+                wq[32 * h + m] = qk_or_and(vi_and(v, m4), qk_bits_to(hv, 2 * s, 4), m2);
+                wq[32 * h + 16 + m] = qk_or_and(qb_high_nibbles(v, m4, gfni), qk_bits_to(hv, 4 + 2 * s, 4), m2);
             }
         }
+        return;
+    }
+    const vi b4 = vi_set1_8(0x10);
+    const int c = u;
+    SBX_UNROLL for (int k = 0; k < 8; k++) {
+        const vi v = vi_loadu(qv + (size_t)(8 * c + k) * 4 * QB_R);
+        wq[16 * c + k] = vi_and(v, m4);
+        wq[16 * c + 8 + k] = qb_high_nibbles(v, m4, gfni);
+        if (f == KQ_Q5_K) {
+            const vi qh = vi_loadu(qv + (size_t)(32 + k) * 4 * QB_R);
+            wq[16 * c + k] = qk_or_and(wq[16 * c + k], qk_bits_to(qh, 2 * c, 4), b4);
+            wq[16 * c + 8 + k] = qk_or_and(wq[16 * c + 8 + k], qk_bits_to(qh, 2 * c + 1, 4), b4);
+        }
+    }
 }
 
 /* T (at most QK_T) tokens against one packed group of QB_R rows:
  * y[t*ldy + r]. x: the tokens' Q8_K rows, xs apart, each followed (at xc) by
  * its terms; pf: the next group, prefetched at the pace of the blocks, or
- * NULL. Beyond one token (decode, a constant: its accumulators stay in
- * registers, +10% hot) T is a run-time count: a token's work (64 four-byte
- * products and more per block) dwarfs its accumulators' trips through L1
- * (the same GFLOP/s at 8 tokens as 8 instances by count), and two bodies
- * per format instead of eight keep the code, and the compile (clang's
- * above all), a fraction of the size. */
+ * NULL. Units outer, tokens inner: a unit's 16 quant vectors stay in
+ * registers for all T tokens, where a whole unpacked block (64 vectors)
+ * went through the stack and was reloaded for every token; each token's
+ * block sum stays an int32 per row (isum[t]), the reference's integer.
+ * Beyond one token (decode, a constant: +10% hot) T is a run-time count, so
+ * that two bodies per format instead of eight keep the code, and the
+ * compile (clang's above all), a fraction of the size. */
 SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs,
                         const uint8_t *xc, float *y, size_t ldy, const uint8_t *pf) {
     const size_t qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
     /* loop bounds as constants: a division in a loop's condition gets a
      * UBSan check, and the unroll pragma is lost */
-    const int sub = kq_sub(f), run = kq_run(f), n_runs = SB_QK_K / run, run_dwords = run / 4;
+    const int sub = kq_sub(f), run = kq_run(f), run_dwords = run / 4, unit_runs = kq_unit_runs(f);
     const uint8_t *meta = w + (size_t)nb * qsz;
     vf acc[QK_T], accm[QK_T];
     for (int t = 0; t < T; t++)
@@ -273,32 +280,41 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
             prefetch_ahead(pf + (size_t)b * qsz, qsz);
             prefetch_ahead(pf + (size_t)nb * qsz + (size_t)b * msz, msz);
         }
-        vi wq[64], sc[16], mn[8];
-        kq_unpack(f, gfni, qv, wq);
+        vi sc[16], mn[8], isum[QK_T];
         kq_scales(f, mb + (kq_mins(f) ? 4 : 2) * QB_R, sc, mn);
+        const size_t xb0 = (size_t)b * sizeof(sb_block_q8_K), ct0 = (size_t)b * KQ_TERMS;
+        SBX_UNROLL for (int u = 0; u < 4; u++) {
+            vi wq[64];
+            kq_unpack(f, gfni, qv, u, wq);
+            for (int t = 0; t < T; t++) {
+                const uint8_t *xq = x + (size_t)t * xs + xb0 + offsetof(sb_block_q8_K, qs);
+                const uint8_t *ct = xc + (size_t)t * xs + ct0;
+                /* two sums of scaled runs (shorter dependency chains) */
+                vi part[2] = {u == 0 ? vi_zero() : isum[t], vi_zero()};
+                SBX_UNROLL for (int i = 0; i < unit_runs; i++) {
+                    const int r = kq_unit_run(f, u, i), j = r * run / sub; /* the run's sub-block */
+                    vi s = f == KQ_Q6_K   ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS6 + 4 * j))
+                           : f == KQ_Q3_K ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * j))
+                                          : vi_zero();
+                    SBX_UNROLL for (int k = 0; k < run_dwords; k++)
+                        s = qb_dot4(s, wq[run_dwords * r + k], xq + run * r + 4 * k);
+                    part[i % 2] = kq_wide(f) ? vi_add32(part[i % 2], vi_mullo32(s, sc[j])) : qk_madd(part[i % 2], s, sc[j]);
+                }
+                isum[t] = vi_add32(part[0], part[1]);
+            }
+        }
         const vf dw = qk_f16(mb), dmw = kq_mins(f) ? qk_f16(mb + 2 * QB_R) : vf_zero();
         for (int t = 0; t < T; t++) {
-            const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sb_block_q8_K);
-            const uint8_t *xq = xb + offsetof(sb_block_q8_K, qs), *ct = xc + (size_t)t * xs + (size_t)b * KQ_TERMS;
+            const uint8_t *xb = x + (size_t)t * xs + xb0, *ct = xc + (size_t)t * xs + ct0;
             float dx;
             memcpy(&dx, xb, sizeof(dx));
-            /* two sums of scaled runs (shorter dependency chains), one of mins */
-            vi isum[2] = {vi_zero(), vi_zero()}, imin = vi_zero();
-            SBX_UNROLL for (int r = 0; r < n_runs; r++) {
-                const int j = r * run / sub; /* the run's sub-block */
-                vi s = f == KQ_Q6_K   ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS6 + 4 * j))
-                       : f == KQ_Q3_K ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * j))
-                                      : vi_zero();
-                SBX_UNROLL for (int k = 0; k < run_dwords; k++)
-                    s = qb_dot4(s, wq[run_dwords * r + k], xq + run * r + 4 * k);
-                isum[r % 2] = kq_wide(f) ? vi_add32(isum[r % 2], vi_mullo32(s, sc[j])) : qk_madd(isum[r % 2], s, sc[j]);
-            }
             const vf vdx = vf_set1(dx);
-            acc[t] = vf_fma(vi_to_vf(vi_add32(isum[0], isum[1])), vf_mul(dw, vdx), acc[t]);
+            acc[t] = vf_fma(vi_to_vf(isum[t]), vf_mul(dw, vdx), acc[t]);
             if (kq_mins(f)) {
                 /* Q2_K: pairs of m (16-bit halves) times pairs of bsums; the
                  * others: m (high half 0) times the pair's sum */
                 const uint8_t *pairs = f == KQ_Q2_K ? xb + offsetof(sb_block_q8_K, bsums) : ct;
+                vi imin = vi_zero();
                 SBX_UNROLL for (int j = 0; j < 8; j++)
                     imin = qk_madd(imin, mn[j], vi_set1_32(load_i32(pairs + 4 * j)));
                 accm[t] = vf_fma(vi_to_vf(imin), vf_mul(dmw, vdx), accm[t]);
