@@ -73,19 +73,22 @@ SBX_ALWAYS int kq_nscales(kq_fmt f) { return f == KQ_Q2_K || f == KQ_Q6_K ? 16 :
 SBX_ALWAYS size_t kq_meta(kq_fmt f) { return (kq_mins(f) ? 4 : 2) + (size_t)kq_nscales(f); }
 SBX_ALWAYS int kq_sub(kq_fmt f) { return f == KQ_Q4_K || f == KQ_Q5_K ? 32 : 16; } /* elements per sub-block */
 /* Elements per chain of products that one scale multiplies: sums within
- * int16 for Q2_K, Q3_K and Q4_K (16 * 15 * 127 at most), scaled by a 16-bit
- * multiply-add; all of a sub-block for the wide formats, by a 32-bit
- * multiply. */
-SBX_ALWAYS int kq_run(kq_fmt f) { return f == KQ_Q5_K ? 32 : 16; }
-SBX_ALWAYS bool kq_wide(kq_fmt f) { return f == KQ_Q5_K || f == KQ_Q6_K; }
+ * int16, scaled by a 16-bit multiply-add, for Q2_K, Q3_K and Q4_K (16 * 15 *
+ * 127 at most) and Q6_K, whose quants less 32 take runs of 8 (8 * 32 * 127:
+ * the Q8_K quants are -127..127, as the quantizer makes them); Q5_K's whole
+ * sub-block (32 * 31 * 127), by a 32-bit multiply (one per 32 elements, 2
+ * uops, where runs of 8 would take 4 multiply-adds). */
+SBX_ALWAYS int kq_run(kq_fmt f) { return f == KQ_Q5_K ? 32 : f == KQ_Q6_K ? 8 : 16; }
+SBX_ALWAYS bool kq_wide(kq_fmt f) { return f == KQ_Q5_K; }
 
-/* Per token and block: the 8 sub-blocks' bsum pairs of 32 (Q4_K's and
- * Q5_K's mins), each an int16 in the low half of a dword (high half 0),
- * then the 16 values -32 * bsum_j as int32 (Q6_K's chains start from them),
- * then -4 * bsum_j (Q3_K's). Q2_K's mins take the bsums of the Q8_K row. */
-#define KQ_TERMS 160
-#define KQ_TERMS_BIAS6 32
-#define KQ_TERMS_BIAS3 96
+/* Per token and block: the 4 pairs of Q4_K's and Q5_K's sub-block sums (of
+ * 32; 2i in the low int16 of dword i, 2i + 1 in the high), then the 32
+ * values -32 * (sum of 8) as int32 (Q6_K's runs start from them), then the
+ * 16 values -4 * bsum_j (Q3_K's). Q2_K's mins take the bsums of the Q8_K
+ * row. */
+#define KQ_TERMS 208
+#define KQ_TERMS_BIAS6 16
+#define KQ_TERMS_BIAS3 144
 
 /* acc + a.lo*b.lo + a.hi*b.hi per int32 lane of int16 halves (vpdpwssd,
  * pmaddwd). With one operand's high half zero that is the one product of
@@ -142,9 +145,9 @@ SBX_ALWAYS void qk_scales(const uint8_t *s, vi sc[8], vi m[8]) {
 
 /* The rows' scales sc[j] (int32; with a zero high half where a 16-bit
  * multiply-add takes them) and mins of one block from its transposed scale
- * bytes at s: Q4_K, Q5_K as qk_scales; Q6_K int8; Q2_K a nibble each, its
- * mins as pairs (m_2i in the low half, m_2i+1 in the high); Q3_K 6-bit
- * values less 32, as sb__q3_scale. */
+ * bytes at s: Q4_K, Q5_K as qk_scales, their mins as pairs (m_2i in the low
+ * half, m_2i+1 in the high), as Q2_K's, whose scales are a nibble each; Q6_K
+ * int8; Q3_K 6-bit values less 32, as sb__q3_scale. */
 SBX_ALWAYS void kq_scales(kq_fmt f, const uint8_t *s, vi sc[16], vi mn[8]) {
     const vi m4 = vi_set1_32(0xf);
     switch (f) {
@@ -169,10 +172,14 @@ SBX_ALWAYS void kq_scales(kq_fmt f, const uint8_t *s, vi sc[16], vi mn[8]) {
     }
     case KQ_Q6_K:
         SBX_UNROLL for (int j = 0; j < 16; j++)
-            sc[j] = qk_widen_signed(s + j * QB_R);
+            sc[j] = vi_and(qk_widen_signed(s + j * QB_R), vi_set1_32(0xffff));
         break;
-    default:
-        qk_scales(s, sc, mn);
+    default: {
+        vi m[8];
+        qk_scales(s, sc, m);
+        SBX_UNROLL for (int i = 0; i < 4; i++)
+            mn[i] = vi_or(m[2 * i], vi_slli32(m[2 * i + 1], 16));
+    }
     }
 }
 
@@ -192,12 +199,12 @@ SBX_ALWAYS vi qk_bits_to(vi v, int from, int to) {
 }
 
 /* A block's quants are unpacked a unit at a time: 16 vectors (a quarter
- * of the block), each source vector loaded once, that are 4 whole runs (2
- * of Q5_K's) and stay in registers while every token of the pass takes
- * its products with them. Run i of unit u is run kq_unit_run(f, u, i). */
-SBX_ALWAYS int kq_unit_runs(kq_fmt f) { return f == KQ_Q5_K ? 2 : 4; }
-SBX_ALWAYS int kq_unit_run(kq_fmt f, int u, int i) {
-    return f == KQ_Q4_K || f == KQ_Q5_K ? kq_unit_runs(f) * u + i : 8 * (u / 2) + 2 * i + u % 2;
+ * of the block), each source vector loaded once, that stay in registers
+ * while every token of the pass takes its products with them. They are 4
+ * groups of 16 elements, whole runs: group i of unit u is elements
+ * 16 * kq_unit_group(f, u, i).., vectors wq[4 * group..]. */
+SBX_ALWAYS int kq_unit_group(kq_fmt f, int u, int i) {
+    return f == KQ_Q4_K || f == KQ_Q5_K ? 4 * u + i : 8 * (u / 2) + 2 * i + u % 2;
 }
 
 /* Unit u of one packed block's quants, unsigned (0..qmax): wq[g] =
@@ -269,7 +276,7 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
     const size_t qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
     /* loop bounds as constants: a division in a loop's condition gets a
      * UBSan check, and the unroll pragma is lost */
-    const int sub = kq_sub(f), run = kq_run(f), run_dwords = run / 4, unit_runs = kq_unit_runs(f);
+    const int sub = kq_sub(f), run = kq_run(f), n_mins = f == KQ_Q2_K ? 8 : 4;
     const uint8_t *meta = w + (size_t)nb * qsz;
     vf acc[QK_T], accm[QK_T];
     for (int t = 0; t < T; t++)
@@ -290,15 +297,18 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
                 const uint8_t *xq = x + (size_t)t * xs + xb0 + offsetof(sb_block_q8_K, qs);
                 const uint8_t *ct = xc + (size_t)t * xs + ct0;
                 /* two sums of scaled runs (shorter dependency chains) */
-                vi part[2] = {u == 0 ? vi_zero() : isum[t], vi_zero()};
-                SBX_UNROLL for (int i = 0; i < unit_runs; i++) {
-                    const int r = kq_unit_run(f, u, i), j = r * run / sub; /* the run's sub-block */
-                    vi s = f == KQ_Q6_K   ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS6 + 4 * j))
-                           : f == KQ_Q3_K ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * j))
-                                          : vi_zero();
-                    SBX_UNROLL for (int k = 0; k < run_dwords; k++)
-                        s = qb_dot4(s, wq[run_dwords * r + k], xq + run * r + 4 * k);
-                    part[i % 2] = kq_wide(f) ? vi_add32(part[i % 2], vi_mullo32(s, sc[j])) : qk_madd(part[i % 2], s, sc[j]);
+                vi part[2] = {u == 0 ? vi_zero() : isum[t], vi_zero()}, s = vi_zero();
+                SBX_UNROLL for (int e = 0; e < 64; e += 4) {
+                    const int g = kq_unit_group(f, u, e / 16), q = 16 * g + e % 16; /* element q.. */
+                    if (q % run == 0)
+                        s = f == KQ_Q6_K   ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS6 + 4 * (q / run)))
+                            : f == KQ_Q3_K ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * (q / run)))
+                                           : vi_zero();
+                    s = qb_dot4(s, wq[q / 4], xq + q);
+                    if ((q + 4) % run == 0) {
+                        const int j = q / sub, p = q / run % 2; /* the run's sub-block */
+                        part[p] = kq_wide(f) ? vi_add32(part[p], vi_mullo32(s, sc[j])) : qk_madd(part[p], s, sc[j]);
+                    }
                 }
                 isum[t] = vi_add32(part[0], part[1]);
             }
@@ -311,11 +321,11 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
             const vf vdx = vf_set1(dx);
             acc[t] = vf_fma(vi_to_vf(isum[t]), vf_mul(dw, vdx), acc[t]);
             if (kq_mins(f)) {
-                /* Q2_K: pairs of m (16-bit halves) times pairs of bsums; the
-                 * others: m (high half 0) times the pair's sum */
+                /* pairs of m (16-bit halves) times pairs of sums: Q2_K's
+                 * bsums, the others' sums of 32 */
                 const uint8_t *pairs = f == KQ_Q2_K ? xb + offsetof(sb_block_q8_K, bsums) : ct;
                 vi imin = vi_zero();
-                SBX_UNROLL for (int j = 0; j < 8; j++)
+                SBX_UNROLL for (int j = 0; j < n_mins; j++)
                     imin = qk_madd(imin, mn[j], vi_set1_32(load_i32(pairs + 4 * j)));
                 accm[t] = vf_fma(vi_to_vf(imin), vf_mul(dmw, vdx), accm[t]);
             }
@@ -351,13 +361,21 @@ static void kq_terms(const void *x, int64_t n, void *dst) {
     const sb_block_q8_K *xb = x;
     uint8_t *out = dst;
     for (int64_t b = 0; b < n / SB_QK_K; b++, out += KQ_TERMS) {
-        for (int j = 0; j < 8; j++) {
-            const uint32_t v = (uint16_t)(int16_t)(xb[b].bsums[2 * j] + xb[b].bsums[2 * j + 1]);
-            memcpy(out + 4 * j, &v, sizeof(v));
+        const int16_t *bs = xb[b].bsums;
+        for (int i = 0; i < 4; i++) {
+            const uint32_t lo = (uint16_t)(bs[4 * i] + bs[4 * i + 1]), hi = (uint16_t)(bs[4 * i + 2] + bs[4 * i + 3]);
+            const uint32_t v = lo | hi << 16;
+            memcpy(out + 4 * i, &v, sizeof(v));
+        }
+        for (int r = 0; r < 32; r++) {
+            int sum = 0;
+            for (int e = 8 * r; e < 8 * r + 8; e++)
+                sum += xb[b].qs[e];
+            const int32_t v6 = -32 * sum;
+            memcpy(out + KQ_TERMS_BIAS6 + 4 * r, &v6, sizeof(v6));
         }
         for (int j = 0; j < 16; j++) {
-            const int32_t v6 = -32 * xb[b].bsums[j], v3 = -4 * xb[b].bsums[j];
-            memcpy(out + KQ_TERMS_BIAS6 + 4 * j, &v6, sizeof(v6));
+            const int32_t v3 = -4 * bs[j];
             memcpy(out + KQ_TERMS_BIAS3 + 4 * j, &v3, sizeof(v3));
         }
     }
