@@ -60,10 +60,11 @@
 typedef enum { KQ_Q2_K, KQ_Q3_K, KQ_Q4_K, KQ_Q5_K, KQ_Q6_K } kq_fmt;
 
 /* Per row and block in a packed group: first the quant bytes of all blocks
- * of the group (each block's low bits, qs/ql, as vectors of one dword of
- * every row, dword k in vector k; then its high bits, qh or hmask, the same
- * way), then all blocks' meta: d (F16), dmin (F16, formats with mins) and
- * the scale bytes, byte i of every row together. */
+ * of the group (each block's low bits, qs, as vectors of one dword of every
+ * row, dword k in vector k; then its high bits, qh or hmask, the same way;
+ * Q6_K's 192 bytes in the order of kq_q6_planes), then all blocks' meta: d
+ * (F16), dmin (F16, formats with mins) and the scale bytes, byte i of every
+ * row together. */
 SBX_ALWAYS size_t kq_lobytes(kq_fmt f) { return f <= KQ_Q3_K ? 64 : 128; }
 SBX_ALWAYS size_t kq_qbytes(kq_fmt f) {
     return f == KQ_Q2_K ? 64 : f == KQ_Q3_K ? 96 : f == KQ_Q4_K ? 128 : f == KQ_Q5_K ? 160 : 192;
@@ -204,17 +205,14 @@ SBX_ALWAYS vi qk_bits_to(vi v, int from, int to) {
  * groups of 16 elements, whole runs: group i of unit u is elements
  * 16 * kq_unit_group(f, u, i).., vectors wq[4 * group..]. */
 SBX_ALWAYS int kq_unit_group(kq_fmt f, int u, int i) {
-    return f == KQ_Q4_K || f == KQ_Q5_K ? 4 * u + i : 8 * (u / 2) + 2 * i + u % 2;
+    return f == KQ_Q2_K || f == KQ_Q3_K ? 8 * (u / 2) + 2 * i + u % 2 : 4 * u + i;
 }
 
 /* Unit u of one packed block's quants, unsigned (0..qmax): wq[g] =
  * elements 4g..4g+3 of every row, for the 16 g of the unit's runs. Q4_K,
  * Q5_K: qs dword k of 32-element pair c has elements 64c + 4k.. in its low
  * nibbles and 64c + 32 + 4k.. in its high (unit c); Q5_K's fifth bit of
- * element 32j + i is bit j of qh byte i. Q6_K: ql dword m of half h has
- * elements 128h + 4m.. (low nibbles) and 128h + 64 + 4m.. (high); their top
- * two bits are bits 2s, 2s + 1 of qh dword 8h + m % 8, with s = m / 8 (low)
- * or 2 + m / 8 (high); unit 2h + a takes the m with m % 8 / 4 = a. Q2_K,
+ * element 32j + i is bit j of qh byte i. Q6_K: see kq_q6_planes. Q2_K,
  * Q3_K: element 128h + 32j + l has bits 2j of qs byte 32h + l (dword
  * 8h + l / 4), Q3_K's third bit is bit 4h + j of hmask byte l; unit 2h + a
  * takes the l with l / 16 = a. */
@@ -234,16 +232,26 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[6
         return;
     }
     if (f == KQ_Q6_K) {
-        const vi m2 = vi_set1_8(0x30);
-        const int h = u / 2, a = u % 2;
+        const vi m6 = vi_set1_8(0x3f);
+        vi p[12];
+        SBX_UNROLL for (int k = 0; k < 12; k++) {
+            p[k] = vi_loadu(qv + (size_t)(12 * u + k) * 4 * QB_R);
+            wq[16 * u + k] = vi_and(p[k], m6);
+        }
+        /* the last 4 vectors from bits 6-7 of the 12: bits 2s, 2s + 1 of
+         * element 4i.. from vector 4s + i */
         SBX_UNROLL for (int i = 0; i < 4; i++) {
-            const vi hv = vi_loadu(qv + (size_t)(32 + 8 * h + 4 * a + i) * 4 * QB_R);
-            SBX_UNROLL for (int s = 0; s < 2; s++) {
-                const int m = 8 * s + 4 * a + i;
-                const vi v = vi_loadu(qv + (size_t)(16 * h + m) * 4 * QB_R);
-                wq[32 * h + m] = qk_or_and(vi_and(v, m4), qk_bits_to(hv, 2 * s, 4), m2);
-                wq[32 * h + 16 + m] = qk_or_and(qb_high_nibbles(v, m4, gfni), qk_bits_to(hv, 4 + 2 * s, 4), m2);
+#if SBX_AVX512
+            if (gfni) {
+                /* bits 6, 7 to bits 2s, 2s + 1, the rest cleared; one OR of three */
+                const vi a = qb_affine(p[i], 0x4080LL << 48), b = qb_affine(p[4 + i], 0x4080LL << 32);
+                wq[16 * u + 12 + i] = _mm512_ternarylogic_epi32(a, b, qb_affine(p[8 + i], 0x4080LL << 16), 0xfe);
+                continue;
             }
+#endif
+            const vi lo = vi_and(vi_srli16(p[i], 6), vi_set1_8(3));
+            const vi mid = qk_or_and(lo, vi_srli16(p[4 + i], 4), vi_set1_8(0x0c));
+            wq[16 * u + 12 + i] = qk_or_and(mid, vi_srli16(p[8 + i], 2), vi_set1_8(0x30));
         }
         return;
     }
@@ -381,6 +389,22 @@ static void kq_terms(const void *x, int64_t n, void *dst) {
     }
 }
 
+/* Q6_K's quants of one row's block as kq_unpack takes them: 48 dwords,
+ * 12 per quarter u of the block. Byte c of dword 12u + k holds element
+ * 64u + 4k + c (6 bits), and in bits 6-7 bits 2(k / 4).. of element
+ * 64u + 48 + 4(k % 4) + c, so that 12 of a quarter's 16 vectors are one
+ * mask each (the ql/qh order took three operations per vector). */
+static void kq_q6_planes(const uint8_t *blk, uint8_t out[192]) {
+    uint8_t q[SB_QK_K];
+    sb__q6_K_quants(blk, q);
+    for (int u = 0; u < 4; u++)
+        for (int k = 0; k < 12; k++)
+            for (int c = 0; c < 4; c++) {
+                const int spread = q[64 * u + 48 + 4 * (k % 4) + c] >> 2 * (k / 4) & 3;
+                out[48 * u + 4 * k + c] = (uint8_t)(q[64 * u + 4 * k + c] | spread << 6);
+            }
+}
+
 /* Groups of QB_R rows in the layout kq_qbytes describes. Same size as the rows. */
 static void kq_pack(kq_fmt f, const void *src, void *dst, int64_t n_in, int64_t n_out) {
     /* where the low bits, the high bits, d, dmin and the scales sit in a block */
@@ -410,7 +434,10 @@ static void kq_pack(kq_fmt f, const void *src, void *dst, int64_t n_in, int64_t 
     const int64_t nb = n_in / SB_QK_K;
     const size_t row = (size_t)nb * bsize, qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
     const size_t lo_chunks = kq_lobytes(f) / 16;
-    const uint8_t *rp[QB_R];
+    const uint8_t *rp[QB_R], *pp[QB_R];
+    uint8_t planes[QB_R][192];
+    for (int r = 0; r < QB_R; r++)
+        pp[r] = planes[r];
     for (int64_t g = 0; g < n_out / QB_R; g++) {
         const uint8_t *in = (const uint8_t *)src + (size_t)g * QB_R * row;
         uint8_t *out = (uint8_t *)dst + (size_t)g * QB_R * row, *meta = out + (size_t)nb * qsz;
@@ -419,10 +446,16 @@ static void kq_pack(kq_fmt f, const void *src, void *dst, int64_t n_in, int64_t 
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * bsize;
             uint8_t *qv = out + (size_t)b * qsz;
+            if (f == KQ_Q6_K)
+                for (int r = 0; r < QB_R; r++)
+                    kq_q6_planes(rp[r] + o, planes[r]);
             /* 16 bytes of every row at a time: 4 vectors, dword j in vector j */
             for (size_t i = 0; i < kq_qbytes(f) / 16; i++) {
                 vi v[4];
-                qb_transpose(rp, o + (i < lo_chunks ? off_lo + 16 * i : off_hi + 16 * (i - lo_chunks)), v);
+                if (f == KQ_Q6_K)
+                    qb_transpose(pp, 16 * i, v);
+                else
+                    qb_transpose(rp, o + (i < lo_chunks ? off_lo + 16 * i : off_hi + 16 * (i - lo_chunks)), v);
                 for (int j = 0; j < 4; j++)
                     vi_storeu(qv + (4 * i + (size_t)j) * 4 * QB_R, v[j]);
             }
