@@ -221,7 +221,8 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[6
     if (f == KQ_Q2_K || f == KQ_Q3_K) {
         const vi m3 = vi_set1_8(3), b2 = vi_set1_8(4);
         const int h = u / 2;
-        SBX_UNROLL for (int k = 4 * (u % 2); k < 4 * (u % 2) + 4; k++) {
+        SBX_UNROLL for (int i = 0; i < 4; i++) {
+            const int k = 4 * (u % 2) + i;
             const vi v = vi_loadu(qv + (size_t)(8 * h + k) * 4 * QB_R);
             const vi hm = f == KQ_Q3_K ? vi_loadu(qv + (size_t)(16 + k) * 4 * QB_R) : v;
             SBX_UNROLL for (int j = 0; j < 4; j++) {
