@@ -12,24 +12,25 @@
  * rows (16 on AVX-512, 8 on AVX2) is packed so that one vector load gives,
  * for every row, 4 quant bytes of the same elements. A token's sub-block is
  * then a chain of four-byte products of those vectors with its activation
- * bytes broadcast, scaled by the rows' sc_j: runs of 16 elements whose sums
- * fit int16 (Q2_K, Q3_K, Q4_K) by a 16-bit multiply-add; Q5_K's sub-blocks
- * (up to 32 * 31 * 127) and Q6_K's (16 * 63 * 127) need all 32 bits, so one
- * 32-bit multiply per sub-block (fewer uops than the 16-bit multiply-adds of
- * shorter runs). Quants are unpacked unsigned; Q6_K's +32 and Q3_K's +4 come
- * off through the chains' starting values -32 * bsum_j, -4 * bsum_j, and the
- * mins' term is 8 more 16-bit multiply-adds of the rows' m_j with the
- * token's bsum pairs; all prepared once per call (the packing's terms,
- * shared by the five formats so that a layer's Q4_K or Q5_K and Q6_K
- * matrices take one conversion of their input). Integers are exact, so
- * only the fmas per block and row, the scale products, the conversions and
- * the final acc - accm are float work, the reference's own, in its order.
+ * bytes broadcast, scaled by the rows' sc_j: runs whose sums fit int16 by
+ * a 16-bit multiply-add (16 elements of Q2_K, Q3_K, Q4_K; 8 of Q6_K, its
+ * quants less 32); Q5_K's sub-blocks (up to 32 * 31 * 127) by one 32-bit
+ * multiply each (fewer uops than the multiply-adds of 4 shorter runs).
+ * Quants are unpacked unsigned; Q6_K's +32 and Q3_K's +4 come off through
+ * the chains' starting values, -32 times the sum of the run's activations
+ * and -4 * bsum_j, and the mins' term is 4 to 8 more 16-bit multiply-adds
+ * of pairs of the rows' m_j with pairs of the token's sums; all prepared
+ * once per call (the packing's terms, shared by the five formats so that a
+ * layer's Q4_K or Q5_K and Q6_K matrices take one conversion of their
+ * input). Integers are exact, so only the fmas per block and row, the scale
+ * products, the conversions and the final acc - accm are float work, the
+ * reference's own, in its order.
  *
- * A tile unpacks each block of its rows once (64 vectors of quants on the
- * stack, in L1; the scales and mins decoded) for up to QK_T tokens, so one
- * token (decode) and many (prompts, batches) share the code; the next
- * group's rows are prefetched at the pace of the blocks on the first token
- * pass, as qb_tile does.
+ * A tile takes each block of its rows a quarter at a time (16 vectors of
+ * quants unpacked into registers; the scales and mins decoded once per
+ * block) for up to QK_T tokens, so one token (decode) and many (prompts,
+ * batches) share the code; the next group's rows are prefetched at the
+ * pace of the blocks on the first token pass, as qb_tile does.
  */
 
 #if SBX_AVX512
