@@ -222,6 +222,7 @@ void sb__q3_K_to_float(const void *src, float *dst, int64_t n) { dequantize(&fmt
 void sb__q4_K_to_float(const void *src, float *dst, int64_t n) { dequantize(&fmt_q4_K, src, dst, n); }
 void sb__q5_K_to_float(const void *src, float *dst, int64_t n) { dequantize(&fmt_q5_K, src, dst, n); }
 void sb__q6_K_to_float(const void *src, float *dst, int64_t n) { dequantize(&fmt_q6_K, src, dst, n); }
+void sb__q6_K_quants(const void *blk, uint8_t q[SB_QK_K]) { unpack_quants(&fmt_q6_K, blk, q); }
 
 void sb__q8_K_to_float(const void *src, float *dst, int64_t n) {
     const sb_block_q8_K *blk = src;

@@ -847,15 +847,20 @@ SBX_ALWAYS vi qb_dot4(vi acc, vi w, const uint8_t *x) {
  * needs no GFNI target: the fill only picks the gfni path where CPUID has
  * it. */
 #define QB_HIGH_NIBBLE_MATRIX 0x1020408000000000LL /* row i (byte 7 - i) selects bit 4 + i */
+#if SBX_AVX512
+/* Every byte of v through the GF(2) bit matrix m (vgf2p8affineqb): bit i of
+ * a result byte is the parity of the byte and byte 7 - i of m. */
+SBX_ALWAYS vi qb_affine(vi v, int64_t m) {
+    vi r;
+    __asm__("vgf2p8affineqb $0, %[m], %[v], %[r]" : [r] "=v"(r) : [v] "v"(v), [m] "v"(_mm512_set1_epi64(m)));
+    return r;
+}
+#endif
+
 SBX_ALWAYS vi qb_high_nibbles(vi v, vi m4, bool gfni) {
 #if SBX_AVX512
-    if (gfni) {
-        vi r;
-        __asm__("vgf2p8affineqb $0, %[m], %[v], %[r]"
-                : [r] "=v"(r)
-                : [v] "v"(v), [m] "v"(_mm512_set1_epi64(QB_HIGH_NIBBLE_MATRIX)));
-        return r;
-    }
+    if (gfni)
+        return qb_affine(v, QB_HIGH_NIBBLE_MATRIX);
 #else
     (void)gfni;
 #endif

@@ -12,24 +12,25 @@
  * rows (16 on AVX-512, 8 on AVX2) is packed so that one vector load gives,
  * for every row, 4 quant bytes of the same elements. A token's sub-block is
  * then a chain of four-byte products of those vectors with its activation
- * bytes broadcast, scaled by the rows' sc_j: runs of 16 elements whose sums
- * fit int16 (Q2_K, Q3_K, Q4_K) by a 16-bit multiply-add; Q5_K's sub-blocks
- * (up to 32 * 31 * 127) and Q6_K's (16 * 63 * 127) need all 32 bits, so one
- * 32-bit multiply per sub-block (fewer uops than the 16-bit multiply-adds of
- * shorter runs). Quants are unpacked unsigned; Q6_K's +32 and Q3_K's +4 come
- * off through the chains' starting values -32 * bsum_j, -4 * bsum_j, and the
- * mins' term is 8 more 16-bit multiply-adds of the rows' m_j with the
- * token's bsum pairs; all prepared once per call (the packing's terms,
- * shared by the five formats so that a layer's Q4_K or Q5_K and Q6_K
- * matrices take one conversion of their input). Integers are exact, so
- * only the fmas per block and row, the scale products, the conversions and
- * the final acc - accm are float work, the reference's own, in its order.
+ * bytes broadcast, scaled by the rows' sc_j: runs whose sums fit int16 by
+ * a 16-bit multiply-add (16 elements of Q2_K, Q3_K, Q4_K; 8 of Q6_K, its
+ * quants less 32); Q5_K's sub-blocks (up to 32 * 31 * 127) by one 32-bit
+ * multiply each (fewer uops than the multiply-adds of 4 shorter runs).
+ * Quants are unpacked unsigned; Q6_K's +32 and Q3_K's +4 come off through
+ * the chains' starting values, -32 times the sum of the run's activations
+ * and -4 * bsum_j, and the mins' term is 4 to 8 more 16-bit multiply-adds
+ * of pairs of the rows' m_j with pairs of the token's sums; all prepared
+ * once per call (the packing's terms, shared by the five formats so that a
+ * layer's Q4_K or Q5_K and Q6_K matrices take one conversion of their
+ * input). Integers are exact, so only the fmas per block and row, the scale
+ * products, the conversions and the final acc - accm are float work, the
+ * reference's own, in its order.
  *
- * A tile unpacks each block of its rows once (64 vectors of quants on the
- * stack, in L1; the scales and mins decoded) for up to QK_T tokens, so one
- * token (decode) and many (prompts, batches) share the code; the next
- * group's rows are prefetched at the pace of the blocks on the first token
- * pass, as qb_tile does.
+ * A tile takes each block of its rows a quarter at a time (16 vectors of
+ * quants unpacked into registers; the scales and mins decoded once per
+ * block) for up to QK_T tokens, so one token (decode) and many (prompts,
+ * batches) share the code; the next group's rows are prefetched at the
+ * pace of the blocks on the first token pass, as qb_tile does.
  */
 
 #if SBX_AVX512
@@ -60,10 +61,11 @@
 typedef enum { KQ_Q2_K, KQ_Q3_K, KQ_Q4_K, KQ_Q5_K, KQ_Q6_K } kq_fmt;
 
 /* Per row and block in a packed group: first the quant bytes of all blocks
- * of the group (each block's low bits, qs/ql, as vectors of one dword of
- * every row, dword k in vector k; then its high bits, qh or hmask, the same
- * way), then all blocks' meta: d (F16), dmin (F16, formats with mins) and
- * the scale bytes, byte i of every row together. */
+ * of the group (each block's low bits, qs, as vectors of one dword of every
+ * row, dword k in vector k; then its high bits, qh or hmask, the same way;
+ * Q6_K's 192 bytes in the order of kq_q6_planes), then all blocks' meta: d
+ * (F16), dmin (F16, formats with mins) and the scale bytes, byte i of every
+ * row together. */
 SBX_ALWAYS size_t kq_lobytes(kq_fmt f) { return f <= KQ_Q3_K ? 64 : 128; }
 SBX_ALWAYS size_t kq_qbytes(kq_fmt f) {
     return f == KQ_Q2_K ? 64 : f == KQ_Q3_K ? 96 : f == KQ_Q4_K ? 128 : f == KQ_Q5_K ? 160 : 192;
@@ -73,19 +75,22 @@ SBX_ALWAYS int kq_nscales(kq_fmt f) { return f == KQ_Q2_K || f == KQ_Q6_K ? 16 :
 SBX_ALWAYS size_t kq_meta(kq_fmt f) { return (kq_mins(f) ? 4 : 2) + (size_t)kq_nscales(f); }
 SBX_ALWAYS int kq_sub(kq_fmt f) { return f == KQ_Q4_K || f == KQ_Q5_K ? 32 : 16; } /* elements per sub-block */
 /* Elements per chain of products that one scale multiplies: sums within
- * int16 for Q2_K, Q3_K and Q4_K (16 * 15 * 127 at most), scaled by a 16-bit
- * multiply-add; all of a sub-block for the wide formats, by a 32-bit
- * multiply. */
-SBX_ALWAYS int kq_run(kq_fmt f) { return f == KQ_Q5_K ? 32 : 16; }
-SBX_ALWAYS bool kq_wide(kq_fmt f) { return f == KQ_Q5_K || f == KQ_Q6_K; }
+ * int16, scaled by a 16-bit multiply-add, for Q2_K, Q3_K and Q4_K (16 * 15 *
+ * 127 at most) and Q6_K, whose quants less 32 take runs of 8 (8 * 32 * 127:
+ * the Q8_K quants are -127..127, as the quantizer makes them); Q5_K's whole
+ * sub-block (32 * 31 * 127), by a 32-bit multiply (one per 32 elements, 2
+ * uops, where runs of 8 would take 4 multiply-adds). */
+SBX_ALWAYS int kq_run(kq_fmt f) { return f == KQ_Q5_K ? 32 : f == KQ_Q6_K ? 8 : 16; }
+SBX_ALWAYS bool kq_wide(kq_fmt f) { return f == KQ_Q5_K; }
 
-/* Per token and block: the 8 sub-blocks' bsum pairs of 32 (Q4_K's and
- * Q5_K's mins), each an int16 in the low half of a dword (high half 0),
- * then the 16 values -32 * bsum_j as int32 (Q6_K's chains start from them),
- * then -4 * bsum_j (Q3_K's). Q2_K's mins take the bsums of the Q8_K row. */
-#define KQ_TERMS 160
-#define KQ_TERMS_BIAS6 32
-#define KQ_TERMS_BIAS3 96
+/* Per token and block: the 4 pairs of Q4_K's and Q5_K's sub-block sums (of
+ * 32; 2i in the low int16 of dword i, 2i + 1 in the high), then the 32
+ * values -32 * (sum of 8) as int32 (Q6_K's runs start from them), then the
+ * 16 values -4 * bsum_j (Q3_K's). Q2_K's mins take the bsums of the Q8_K
+ * row. */
+#define KQ_TERMS 208
+#define KQ_TERMS_BIAS6 16
+#define KQ_TERMS_BIAS3 144
 
 /* acc + a.lo*b.lo + a.hi*b.hi per int32 lane of int16 halves (vpdpwssd,
  * pmaddwd). With one operand's high half zero that is the one product of
@@ -142,9 +147,9 @@ SBX_ALWAYS void qk_scales(const uint8_t *s, vi sc[8], vi m[8]) {
 
 /* The rows' scales sc[j] (int32; with a zero high half where a 16-bit
  * multiply-add takes them) and mins of one block from its transposed scale
- * bytes at s: Q4_K, Q5_K as qk_scales; Q6_K int8; Q2_K a nibble each, its
- * mins as pairs (m_2i in the low half, m_2i+1 in the high); Q3_K 6-bit
- * values less 32, as sb__q3_scale. */
+ * bytes at s: Q4_K, Q5_K as qk_scales, their mins as pairs (m_2i in the low
+ * half, m_2i+1 in the high), as Q2_K's, whose scales are a nibble each; Q6_K
+ * int8; Q3_K 6-bit values less 32, as sb__q3_scale. */
 SBX_ALWAYS void kq_scales(kq_fmt f, const uint8_t *s, vi sc[16], vi mn[8]) {
     const vi m4 = vi_set1_32(0xf);
     switch (f) {
@@ -169,10 +174,14 @@ SBX_ALWAYS void kq_scales(kq_fmt f, const uint8_t *s, vi sc[16], vi mn[8]) {
     }
     case KQ_Q6_K:
         SBX_UNROLL for (int j = 0; j < 16; j++)
-            sc[j] = qk_widen_signed(s + j * QB_R);
+            sc[j] = vi_and(qk_widen_signed(s + j * QB_R), vi_set1_32(0xffff));
         break;
-    default:
-        qk_scales(s, sc, mn);
+    default: {
+        vi m[8];
+        qk_scales(s, sc, m);
+        SBX_UNROLL for (int i = 0; i < 4; i++)
+            mn[i] = vi_or(m[2 * i], vi_slli32(m[2 * i + 1], 16));
+    }
     }
 }
 
@@ -191,78 +200,93 @@ SBX_ALWAYS vi qk_bits_to(vi v, int from, int to) {
     return from < to ? vi_slli16(v, to - from) : from > to ? vi_srli16(v, from - to) : v;
 }
 
-/* One packed block's quants, unsigned (0..qmax), as wq[g] = elements
- * 4g..4g+3 of every row. Q4_K, Q5_K: qs dword k of 32-element pair c has
- * elements 64c + 4k.. in its low nibbles and 64c + 32 + 4k.. in its high;
- * Q5_K's fifth bit of element 32j + i is bit j of qh byte i. Q6_K: ql
- * dword m of half h has elements 128h + 4m.. (low nibbles) and
- * 128h + 64 + 4m.. (high); their top two bits are bits 2s, 2s + 1 of qh
- * dword 8h + m % 8, with s = m / 8 (low) or 2 + m / 8 (high). Q2_K, Q3_K:
- * element 128h + 32j + l has bits 2j of qs byte 32h + l (dword 8h + l / 4),
- * Q3_K's third bit is bit 4h + j of hmask byte l. */
-SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, vi wq[64]) {
+/* A block's quants are unpacked a unit at a time: 16 vectors (a quarter
+ * of the block), each source vector loaded once, that stay in registers
+ * while every token of the pass takes its products with them. They are 4
+ * groups of 16 elements, whole runs: group i of unit u is elements
+ * 16 * kq_unit_group(f, u, i).., vectors wq[4 * group..]. */
+SBX_ALWAYS int kq_unit_group(kq_fmt f, int u, int i) {
+    return f == KQ_Q2_K || f == KQ_Q3_K ? 8 * (u / 2) + 2 * i + u % 2 : 4 * u + i;
+}
+
+/* Unit u of one packed block's quants, unsigned (0..qmax): wq[g] =
+ * elements 4g..4g+3 of every row, for the 16 g of the unit's runs. Q4_K,
+ * Q5_K: qs dword k of 32-element pair c has elements 64c + 4k.. in its low
+ * nibbles and 64c + 32 + 4k.. in its high (unit c); Q5_K's fifth bit of
+ * element 32j + i is bit j of qh byte i. Q6_K: see kq_q6_planes. Q2_K,
+ * Q3_K: element 128h + 32j + l has bits 2j of qs byte 32h + l (dword
+ * 8h + l / 4), Q3_K's third bit is bit 4h + j of hmask byte l; unit 2h + a
+ * takes the l with l / 16 = a. */
+SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[64]) {
     const vi m4 = vi_set1_8(0x0f);
     if (f == KQ_Q2_K || f == KQ_Q3_K) {
         const vi m3 = vi_set1_8(3), b2 = vi_set1_8(4);
-        vi hm[8];
-        if (f == KQ_Q3_K)
-            SBX_UNROLL for (int k = 0; k < 8; k++)
-                hm[k] = vi_loadu(qv + (size_t)(16 + k) * 4 * QB_R);
-        SBX_UNROLL for (int h = 0; h < 2; h++)
-            SBX_UNROLL for (int k = 0; k < 8; k++) {
-                const vi v = vi_loadu(qv + (size_t)(8 * h + k) * 4 * QB_R);
-                SBX_UNROLL for (int j = 0; j < 4; j++) {
-                    const vi q = vi_and(qk_bits_to(v, 2 * j, 0), m3);
-                    wq[32 * h + 8 * j + k] = f == KQ_Q3_K ? qk_or_and(q, qk_bits_to(hm[k], 4 * h + j, 2), b2) : q;
-                }
+        const int h = u / 2;
+        SBX_UNROLL for (int i = 0; i < 4; i++) {
+            const int k = 4 * (u % 2) + i;
+            const vi v = vi_loadu(qv + (size_t)(8 * h + k) * 4 * QB_R);
+            const vi hm = f == KQ_Q3_K ? vi_loadu(qv + (size_t)(16 + k) * 4 * QB_R) : v;
+            SBX_UNROLL for (int j = 0; j < 4; j++) {
+                const vi q = vi_and(qk_bits_to(v, 2 * j, 0), m3);
+                wq[32 * h + 8 * j + k] = f == KQ_Q3_K ? qk_or_and(q, qk_bits_to(hm, 4 * h + j, 2), b2) : q;
             }
+        }
         return;
     }
     if (f == KQ_Q6_K) {
-        const vi m2 = vi_set1_8(0x30);
-        vi qh[16];
-        SBX_UNROLL for (int i = 0; i < 16; i++)
-            qh[i] = vi_loadu(qv + (size_t)(32 + i) * 4 * QB_R);
-        SBX_UNROLL for (int h = 0; h < 2; h++)
-            SBX_UNROLL for (int m = 0; m < 16; m++) {
-                const vi v = vi_loadu(qv + (size_t)(16 * h + m) * 4 * QB_R), hv = qh[8 * h + m % 8];
-                wq[32 * h + m] = qk_or_and(vi_and(v, m4), qk_bits_to(hv, 2 * (m / 8), 4), m2);
-                wq[32 * h + 16 + m] = qk_or_and(qb_high_nibbles(v, m4, gfni), qk_bits_to(hv, 4 + 2 * (m / 8), 4), m2);
+        const vi m6 = vi_set1_8(0x3f);
+        vi p[12];
+        SBX_UNROLL for (int k = 0; k < 12; k++) {
+            p[k] = vi_loadu(qv + (size_t)(12 * u + k) * 4 * QB_R);
+            wq[16 * u + k] = vi_and(p[k], m6);
+        }
+        /* the last 4 vectors from bits 6-7 of the 12: bits 2s, 2s + 1 of
+         * element 4i.. from vector 4s + i */
+        SBX_UNROLL for (int i = 0; i < 4; i++) {
+#if SBX_AVX512
+            if (gfni) {
+                /* bits 6, 7 to bits 2s, 2s + 1, the rest cleared; one OR of three */
+                const vi a = qb_affine(p[i], 0x4080LL << 48), b = qb_affine(p[4 + i], 0x4080LL << 32);
+                wq[16 * u + 12 + i] = _mm512_ternarylogic_epi32(a, b, qb_affine(p[8 + i], 0x4080LL << 16), 0xfe);
+                continue;
             }
+#endif
+            const vi lo = vi_and(vi_srli16(p[i], 6), vi_set1_8(3));
+            const vi mid = qk_or_and(lo, vi_srli16(p[4 + i], 4), vi_set1_8(0x0c));
+            wq[16 * u + 12 + i] = qk_or_and(mid, vi_srli16(p[8 + i], 2), vi_set1_8(0x30));
+        }
         return;
     }
-    vi qh[8];
-    if (f == KQ_Q5_K)
-        SBX_UNROLL for (int k = 0; k < 8; k++)
-            qh[k] = vi_loadu(qv + (size_t)(32 + k) * 4 * QB_R);
     const vi b4 = vi_set1_8(0x10);
-    SBX_UNROLL for (int c = 0; c < 4; c++)
-        SBX_UNROLL for (int k = 0; k < 8; k++) {
-            const vi v = vi_loadu(qv + (size_t)(8 * c + k) * 4 * QB_R);
-            wq[16 * c + k] = vi_and(v, m4);
-            wq[16 * c + 8 + k] = qb_high_nibbles(v, m4, gfni);
-            if (f == KQ_Q5_K) {
-                wq[16 * c + k] = qk_or_and(wq[16 * c + k], qk_bits_to(qh[k], 2 * c, 4), b4);
-                wq[16 * c + 8 + k] = qk_or_and(wq[16 * c + 8 + k], qk_bits_to(qh[k], 2 * c + 1, 4), b4);
-            }
+    const int c = u;
+    SBX_UNROLL for (int k = 0; k < 8; k++) {
+        const vi v = vi_loadu(qv + (size_t)(8 * c + k) * 4 * QB_R);
+        wq[16 * c + k] = vi_and(v, m4);
+        wq[16 * c + 8 + k] = qb_high_nibbles(v, m4, gfni);
+        if (f == KQ_Q5_K) {
+            const vi qh = vi_loadu(qv + (size_t)(32 + k) * 4 * QB_R);
+            wq[16 * c + k] = qk_or_and(wq[16 * c + k], qk_bits_to(qh, 2 * c, 4), b4);
+            wq[16 * c + 8 + k] = qk_or_and(wq[16 * c + 8 + k], qk_bits_to(qh, 2 * c + 1, 4), b4);
         }
+    }
 }
 
 /* T (at most QK_T) tokens against one packed group of QB_R rows:
  * y[t*ldy + r]. x: the tokens' Q8_K rows, xs apart, each followed (at xc) by
  * its terms; pf: the next group, prefetched at the pace of the blocks, or
- * NULL. Beyond one token (decode, a constant: its accumulators stay in
- * registers, +10% hot) T is a run-time count: a token's work (64 four-byte
- * products and more per block) dwarfs its accumulators' trips through L1
- * (the same GFLOP/s at 8 tokens as 8 instances by count), and two bodies
- * per format instead of eight keep the code, and the compile (clang's
- * above all), a fraction of the size. */
+ * NULL. Units outer, tokens inner: a unit's 16 quant vectors stay in
+ * registers for all T tokens, where a whole unpacked block (64 vectors)
+ * went through the stack and was reloaded for every token; each token's
+ * block sum stays an int32 per row (isum[t]), the reference's integer.
+ * Beyond one token (decode, a constant: +10% hot) T is a run-time count, so
+ * that two bodies per format instead of eight keep the code, and the
+ * compile (clang's above all), a fraction of the size. */
 SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs,
                         const uint8_t *xc, float *y, size_t ldy, const uint8_t *pf) {
     const size_t qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
     /* loop bounds as constants: a division in a loop's condition gets a
      * UBSan check, and the unroll pragma is lost */
-    const int sub = kq_sub(f), run = kq_run(f), n_runs = SB_QK_K / run, run_dwords = run / 4;
+    const int sub = kq_sub(f), run = kq_run(f), n_mins = f == KQ_Q2_K ? 8 : 4;
     const uint8_t *meta = w + (size_t)nb * qsz;
     vf acc[QK_T], accm[QK_T];
     for (int t = 0; t < T; t++)
@@ -273,33 +297,45 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
             prefetch_ahead(pf + (size_t)b * qsz, qsz);
             prefetch_ahead(pf + (size_t)nb * qsz + (size_t)b * msz, msz);
         }
-        vi wq[64], sc[16], mn[8];
-        kq_unpack(f, gfni, qv, wq);
+        vi sc[16], mn[8], isum[QK_T];
         kq_scales(f, mb + (kq_mins(f) ? 4 : 2) * QB_R, sc, mn);
+        const size_t xb0 = (size_t)b * sizeof(sb_block_q8_K), ct0 = (size_t)b * KQ_TERMS;
+        SBX_UNROLL for (int u = 0; u < 4; u++) {
+            vi wq[64];
+            kq_unpack(f, gfni, qv, u, wq);
+            for (int t = 0; t < T; t++) {
+                const uint8_t *xq = x + (size_t)t * xs + xb0 + offsetof(sb_block_q8_K, qs);
+                const uint8_t *ct = xc + (size_t)t * xs + ct0;
+                /* two sums of scaled runs (shorter dependency chains) */
+                vi part[2] = {u == 0 ? vi_zero() : isum[t], vi_zero()}, s = vi_zero();
+                SBX_UNROLL for (int e = 0; e < 64; e += 4) {
+                    const int g = kq_unit_group(f, u, e / 16), q = 16 * g + e % 16; /* element q.. */
+                    if (q % run == 0)
+                        s = f == KQ_Q6_K   ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS6 + 4 * (q / run)))
+                            : f == KQ_Q3_K ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * (q / run)))
+                                           : vi_zero();
+                    s = qb_dot4(s, wq[q / 4], xq + q);
+                    if ((q + 4) % run == 0) {
+                        const int j = q / sub, p = q / run % 2; /* the run's sub-block */
+                        part[p] = kq_wide(f) ? vi_add32(part[p], vi_mullo32(s, sc[j])) : qk_madd(part[p], s, sc[j]);
+                    }
+                }
+                isum[t] = vi_add32(part[0], part[1]);
+            }
+        }
         const vf dw = qk_f16(mb), dmw = kq_mins(f) ? qk_f16(mb + 2 * QB_R) : vf_zero();
         for (int t = 0; t < T; t++) {
-            const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sb_block_q8_K);
-            const uint8_t *xq = xb + offsetof(sb_block_q8_K, qs), *ct = xc + (size_t)t * xs + (size_t)b * KQ_TERMS;
+            const uint8_t *xb = x + (size_t)t * xs + xb0, *ct = xc + (size_t)t * xs + ct0;
             float dx;
             memcpy(&dx, xb, sizeof(dx));
-            /* two sums of scaled runs (shorter dependency chains), one of mins */
-            vi isum[2] = {vi_zero(), vi_zero()}, imin = vi_zero();
-            SBX_UNROLL for (int r = 0; r < n_runs; r++) {
-                const int j = r * run / sub; /* the run's sub-block */
-                vi s = f == KQ_Q6_K   ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS6 + 4 * j))
-                       : f == KQ_Q3_K ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * j))
-                                      : vi_zero();
-                SBX_UNROLL for (int k = 0; k < run_dwords; k++)
-                    s = qb_dot4(s, wq[run_dwords * r + k], xq + run * r + 4 * k);
-                isum[r % 2] = kq_wide(f) ? vi_add32(isum[r % 2], vi_mullo32(s, sc[j])) : qk_madd(isum[r % 2], s, sc[j]);
-            }
             const vf vdx = vf_set1(dx);
-            acc[t] = vf_fma(vi_to_vf(vi_add32(isum[0], isum[1])), vf_mul(dw, vdx), acc[t]);
+            acc[t] = vf_fma(vi_to_vf(isum[t]), vf_mul(dw, vdx), acc[t]);
             if (kq_mins(f)) {
-                /* Q2_K: pairs of m (16-bit halves) times pairs of bsums; the
-                 * others: m (high half 0) times the pair's sum */
+                /* pairs of m (16-bit halves) times pairs of sums: Q2_K's
+                 * bsums, the others' sums of 32 */
                 const uint8_t *pairs = f == KQ_Q2_K ? xb + offsetof(sb_block_q8_K, bsums) : ct;
-                SBX_UNROLL for (int j = 0; j < 8; j++)
+                vi imin = vi_zero();
+                SBX_UNROLL for (int j = 0; j < n_mins; j++)
                     imin = qk_madd(imin, mn[j], vi_set1_32(load_i32(pairs + 4 * j)));
                 accm[t] = vf_fma(vi_to_vf(imin), vf_mul(dmw, vdx), accm[t]);
             }
@@ -335,16 +371,40 @@ static void kq_terms(const void *x, int64_t n, void *dst) {
     const sb_block_q8_K *xb = x;
     uint8_t *out = dst;
     for (int64_t b = 0; b < n / SB_QK_K; b++, out += KQ_TERMS) {
-        for (int j = 0; j < 8; j++) {
-            const uint32_t v = (uint16_t)(int16_t)(xb[b].bsums[2 * j] + xb[b].bsums[2 * j + 1]);
-            memcpy(out + 4 * j, &v, sizeof(v));
+        const int16_t *bs = xb[b].bsums;
+        for (int i = 0; i < 4; i++) {
+            const uint32_t lo = (uint16_t)(bs[4 * i] + bs[4 * i + 1]), hi = (uint16_t)(bs[4 * i + 2] + bs[4 * i + 3]);
+            const uint32_t v = lo | hi << 16;
+            memcpy(out + 4 * i, &v, sizeof(v));
+        }
+        for (int r = 0; r < 32; r++) {
+            int sum = 0;
+            for (int e = 8 * r; e < 8 * r + 8; e++)
+                sum += xb[b].qs[e];
+            const int32_t v6 = -32 * sum;
+            memcpy(out + KQ_TERMS_BIAS6 + 4 * r, &v6, sizeof(v6));
         }
         for (int j = 0; j < 16; j++) {
-            const int32_t v6 = -32 * xb[b].bsums[j], v3 = -4 * xb[b].bsums[j];
-            memcpy(out + KQ_TERMS_BIAS6 + 4 * j, &v6, sizeof(v6));
+            const int32_t v3 = -4 * bs[j];
             memcpy(out + KQ_TERMS_BIAS3 + 4 * j, &v3, sizeof(v3));
         }
     }
+}
+
+/* Q6_K's quants of one row's block as kq_unpack takes them: 48 dwords,
+ * 12 per quarter u of the block. Byte c of dword 12u + k holds element
+ * 64u + 4k + c (6 bits), and in bits 6-7 bits 2(k / 4).. of element
+ * 64u + 48 + 4(k % 4) + c, so that 12 of a quarter's 16 vectors are one
+ * mask each (the ql/qh order took three operations per vector). */
+static void kq_q6_planes(const uint8_t *blk, uint8_t out[192]) {
+    uint8_t q[SB_QK_K];
+    sb__q6_K_quants(blk, q);
+    for (int u = 0; u < 4; u++)
+        for (int k = 0; k < 12; k++)
+            for (int c = 0; c < 4; c++) {
+                const int spread = q[64 * u + 48 + 4 * (k % 4) + c] >> 2 * (k / 4) & 3;
+                out[48 * u + 4 * k + c] = (uint8_t)(q[64 * u + 4 * k + c] | spread << 6);
+            }
 }
 
 /* Groups of QB_R rows in the layout kq_qbytes describes. Same size as the rows. */
@@ -376,7 +436,10 @@ static void kq_pack(kq_fmt f, const void *src, void *dst, int64_t n_in, int64_t 
     const int64_t nb = n_in / SB_QK_K;
     const size_t row = (size_t)nb * bsize, qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
     const size_t lo_chunks = kq_lobytes(f) / 16;
-    const uint8_t *rp[QB_R];
+    const uint8_t *rp[QB_R], *pp[QB_R];
+    uint8_t planes[QB_R][192];
+    for (int r = 0; r < QB_R; r++)
+        pp[r] = planes[r];
     for (int64_t g = 0; g < n_out / QB_R; g++) {
         const uint8_t *in = (const uint8_t *)src + (size_t)g * QB_R * row;
         uint8_t *out = (uint8_t *)dst + (size_t)g * QB_R * row, *meta = out + (size_t)nb * qsz;
@@ -385,10 +448,16 @@ static void kq_pack(kq_fmt f, const void *src, void *dst, int64_t n_in, int64_t 
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * bsize;
             uint8_t *qv = out + (size_t)b * qsz;
+            if (f == KQ_Q6_K)
+                for (int r = 0; r < QB_R; r++)
+                    kq_q6_planes(rp[r] + o, planes[r]);
             /* 16 bytes of every row at a time: 4 vectors, dword j in vector j */
             for (size_t i = 0; i < kq_qbytes(f) / 16; i++) {
                 vi v[4];
-                qb_transpose(rp, o + (i < lo_chunks ? off_lo + 16 * i : off_hi + 16 * (i - lo_chunks)), v);
+                if (f == KQ_Q6_K)
+                    qb_transpose(pp, 16 * i, v);
+                else
+                    qb_transpose(rp, o + (i < lo_chunks ? off_lo + 16 * i : off_hi + 16 * (i - lo_chunks)), v);
                 for (int j = 0; j < 4; j++)
                     vi_storeu(qv + (4 * i + (size_t)j) * 4 * QB_R, v[j]);
             }
