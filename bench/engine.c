@@ -19,9 +19,12 @@
  * prompts are about a sixth of the 8 streams' work and a fourteenth of the
  * single stream's. Sampling is the server's
  * default for OpenAI requests: temperature T (0.8), no top-k, top-p or
- * min-p, a seed per request. Prints the median of REPS
- * runs per S and its ratio to the S = 1 median, per wall second and per
- * CPU second of the process (see below). bench/serve-load.mjs
+ * min-p, a seed per request. Each S runs as REPS pairs, one stream then S
+ * streams, after a warm-up of each: prints the medians of both rates and
+ * the median of the pairs' ratios S / 1 (paired: this VM's speed drifts
+ * by tens of percent within seconds with its neighbours' load, and a ratio
+ * of two separate sweeps measured the drift), per wall second, per CPU
+ * second of the process (see below) and with the prompts. bench/serve-load.mjs
  * measures the same through HTTP; the gap between the two is the server's
  * cost.
  *
@@ -198,18 +201,25 @@ static void summarize(double *v, int n, double out[3]) {
 typedef struct bench {
     sb_engine *e[2];
     sb_model_t *m[2];
-    int streams, tokens, requests;
+    int n_models, streams, tokens, requests;
     float temp;
     double second; /* the last run's second figure: the rate with the prompts, or again ms per request */
 } bench;
 
-/* One run over the first n engines: streams (decode t/s) or requests in a row (ms each). */
-typedef double (*run_fn)(bench *b, int n, int rep);
-static double streams_fn(bench *b, int n, int rep) {
-    return run_streams(b->e, b->m, n, b->streams, b->tokens, b->temp, rep, &b->second);
+/* One run of a comparison's baseline (variant 0) or candidate (1),
+ * repetition rep (< 0: a warm-up): its figure, or < 0 (and b->second). */
+typedef double (*run_fn)(bench *b, int variant, int rep);
+/* One model: a single stream against S streams (decode t/s). */
+static double streams_fn(bench *b, int variant, int rep) {
+    return run_streams(b->e, b->m, 1, variant ? b->streams : 1, b->tokens, b->temp, rep, &b->second);
 }
-static double sequential_fn(bench *b, int n, int rep) {
-    return b->second = run_sequential(b->e, b->m, n, b->requests, b->tokens, rep);
+/* Two models: S streams on the first against S on each at once (aggregate decode t/s). */
+static double models_fn(bench *b, int variant, int rep) {
+    return run_streams(b->e, b->m, variant ? b->n_models : 1, b->streams, b->tokens, b->temp, rep, &b->second);
+}
+/* Requests in a row to the first model, against alternating between the models (ms each). */
+static double sequential_fn(bench *b, int variant, int rep) {
+    return b->second = run_sequential(b->e, b->m, variant ? b->n_models : 1, b->requests, b->tokens, rep);
 }
 
 static double cpu_s(void) {
@@ -219,32 +229,32 @@ static double cpu_s(void) {
 }
 
 /* The figures of a comparison: [per wall clock, per process CPU time, the
- * run's second figure per wall clock][one engine, n engines, their paired
+ * run's second figure per wall clock][baseline, candidate, their paired
  * ratio or difference][median, min, max]. */
 typedef double figures[3][3][3];
 
-/* REPS pairs of runs, on one engine then on n, after a warm-up of each:
+/* REPS pairs of runs, the baseline then the candidate, after a warm-up of each:
  * the two figures' medians, and the median of the pairs' ratios (or
  * differences): paired, so that a neighbour's load drifting across the
  * sweep does not pass for a difference between the two. Each figure also
  * per CPU second of this process instead of per wall second: on a shared
  * machine, where the wall clock counts the neighbours' time slices too,
  * that is the steadier measure of what the work costs. */
-static bool compare(bench *b, run_fn f, int n, int reps, bool ratio, figures out) {
+static bool compare(bench *b, run_fn f, int reps, bool ratio, figures out) {
     double v[3][3][MAX_REPS];
+    f(b, 0, -1);
     f(b, 1, -1);
-    f(b, n, -1);
     for (int k = 0; k < reps; k++)
         for (int which = 0; which < 2; which++) {
             double w0 = now_s(), c0 = cpu_s();
-            double fig = which == 1 && n == 1 ? v[0][0][k] : f(b, which ? n : 1, k);
+            double fig = f(b, which, k);
             double wall = now_s() - w0, cpu = cpu_s() - c0;
             if (fig < 0)
                 return false;
             v[0][which][k] = fig;
             /* t/s scale by wall / cpu, ms per request by cpu / wall */
-            v[1][which][k] = which == 1 && n == 1 ? v[1][0][k] : ratio ? fig * wall / cpu : fig * cpu / wall;
-            v[2][which][k] = which == 1 && n == 1 ? v[2][0][k] : b->second;
+            v[1][which][k] = ratio ? fig * wall / cpu : fig * cpu / wall;
+            v[2][which][k] = b->second;
         }
     for (int c = 0; c < 3; c++) {
         for (int k = 0; k < reps; k++)
@@ -288,8 +298,8 @@ static void profile_row(const char *label, const double *sec, const sb_step_prof
 
 /* The profile of the decoding steps of each stream count in `counts`. */
 static void print_profile(sb_engine *e, const int *counts, int n, int clock) {
-    sb_step_profile p[MAX_STREAMS];
-    double v[MAX_STREAMS] = {0};
+    sb_step_profile p[MAX_STREAMS + 1];
+    double v[MAX_STREAMS + 1] = {0};
     printf("\n| ms per decoding step (%s) |", clock == SB_PROFILE_THREAD_CPU ? "executor thread's CPU" : "wall");
     for (int k = 0; k < n; k++) {
         sb_engine_get_profile(e, counts[k], &p[k]);
@@ -327,7 +337,7 @@ static void print_profile(sb_engine *e, const int *counts, int n, int clock) {
     ROW("- norms, embedding, RoPE angles", p[k].fwd.part_s[SB_FWD_NORMS]);
     ROW("- gated activation", p[k].fwd.part_s[SB_FWD_GLU]);
     ROW("- other (biases, splits)", p[k].fwd.part_s[SB_FWD_OTHER]);
-    double parts[MAX_STREAMS] = {0};
+    double parts[MAX_STREAMS + 1] = {0};
     for (int k = 0; k < n; k++) {
         for (int i = 0; i < SB_FWD_N_PARTS; i++)
             parts[k] += p[k].fwd.part_s[i];
@@ -386,7 +396,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     sb_error err = {0};
-    bench b = {.tokens = tokens, .temp = temp};
+    bench b = {.n_models = n_models, .tokens = tokens, .temp = temp};
     sb_executor *x = NULL;
     sb_executor_params xp = {.n_threads = threads, .steps_per_turn = steps_per_turn};
     int status = sb_executor_create(&xp, &x, &err) == SB_OK ? 0 : 1;
@@ -405,12 +415,11 @@ int main(int argc, char **argv) {
            sb_executor_n_threads(x), process_threads(), steps_per_turn);
     static const char *const clocks[3] = {"wall s, decoding", "CPU s, decoding", "wall s, with prompts"};
     if (n_models == 1)
-        printf("| streams | decode t/s median | min | max | x single | per CPU s: t/s median | x single |"
-               " with prompts: t/s median | x single |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+        printf("| streams | 1 stream: decode t/s | S streams | min | max | S / 1, paired median | min | max |"
+               " per CPU s: S / 1 | with prompts: S / 1 |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
     else
         printf("| streams per model | per | one model t/s (min-max) | two models at once t/s (min-max) |"
                " two / one, paired (min-max) |\n|--:|--|--:|--:|--:|\n");
-    double single = 0, single_cpu = 0, single_e2e = 0;
     for (const char *s = list; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL) {
         if (!parse_int(s, 1, MAX_STREAMS, &b.streams)) {
             fprintf(stderr, "bench_engine: bad stream count in -s %s (1..%d)\n", list, MAX_STREAMS);
@@ -420,34 +429,38 @@ int main(int argc, char **argv) {
         if (n_counts < MAX_STREAMS)
             counts[n_counts++] = b.streams;
         figures fg;
-        if (!compare(&b, streams_fn, n_models, reps, true, fg)) {
+        if (!compare(&b, n_models == 1 ? streams_fn : models_fn, reps, true, fg)) {
             status = 1;
             break;
         }
-        if (n_models == 1) {
-            double *one = fg[0][0], *cpu = fg[1][0], *e2e = fg[2][0];
-            if (b.streams == 1)
-                single = one[0], single_cpu = cpu[0], single_e2e = e2e[0];
-            printf("| %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f |\n", b.streams, one[0], one[1],
-                   one[2], single > 0 ? one[0] / single : 0, cpu[0], single_cpu > 0 ? cpu[0] / single_cpu : 0, e2e[0],
-                   single_e2e > 0 ? e2e[0] / single_e2e : 0);
-        } else {
+        if (n_models == 1)
+            printf("| %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", b.streams, fg[0][0][0],
+                   fg[0][1][0], fg[0][1][1], fg[0][1][2], fg[0][2][0], fg[0][2][1], fg[0][2][2], fg[1][2][0],
+                   fg[2][2][0]);
+        else
             for (int c = 0; c < 3; c++)
                 printf("| %d | %s | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.3f (%.3f-%.3f) |\n", b.streams,
                        clocks[c], fg[c][0][0], fg[c][0][1], fg[c][0][2], fg[c][1][0], fg[c][1][1], fg[c][1][2],
                        fg[c][2][0], fg[c][2][1], fg[c][2][2]);
-        }
         fflush(stdout);
     }
-    if (status == 0 && profile)
-        print_profile(b.e[0], counts, n_counts, profile);
+    if (status == 0 && profile) {
+        /* one model's pairs ran a single stream beside every S: its column first */
+        int shown[MAX_STREAMS + 1], n_shown = 0;
+        if (n_models == 1)
+            shown[n_shown++] = 1;
+        for (int k = 0; k < n_counts; k++)
+            if (n_models > 1 || counts[k] != 1)
+                shown[n_shown++] = counts[k];
+        print_profile(b.e[0], shown, n_shown, profile);
+    }
     if (status == 0 && alternate > 0) {
         /* What a switch between loaded models adds to a request: one after
          * another, all to one model, then alternating between two. */
         figures fg;
         b.requests = alternate;
         b.tokens = alt_tokens;
-        if (!compare(&b, sequential_fn, n_models, reps, false, fg))
+        if (!compare(&b, sequential_fn, reps, false, fg))
             status = 1;
         else {
             printf("\n| requests in a row (%d tokens each) | per | ms/request, one model | ms/request, alternating %d models |"

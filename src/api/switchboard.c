@@ -1065,8 +1065,21 @@ static bool append(sb_result *res, size_t *cap, const char *text, size_t len) {
     return true;
 }
 
+/* What run() keeps per input: its text's capacity, the tokens the caller
+ * was given, whether its done event came, and whether the caller's cancel
+ * cut it short. */
+typedef struct run_input {
+    size_t cap;
+    int32_t seen;
+    bool done, cut;
+} run_input;
+
 /* Submits, takes every event (handing each to params.on_event), and fills
- * results[0..n). */
+ * results[0..n). Once the callback cancels, the events the engine produced
+ * in the meantime reach neither the callback nor the results: each input
+ * not yet done ends with a done event saying SB_FINISHED_CANCELLED (as the
+ * callback's contract says), and its text and count are what the caller
+ * was given. */
 static sb_status run(sb_switchboard_t *sb, const sb_input *inputs, size_t n, const sb_infer_params *params,
                      sb_result *results, sb_profile *whole, sb_error *err) {
     SB_ASSERT(sb && results);
@@ -1076,25 +1089,38 @@ static sb_status run(sb_switchboard_t *sb, const sb_input *inputs, size_t n, con
     sb_status st = sb_switchboard_submit(sb, inputs, n, &p, &r, err);
     if (st != SB_OK)
         return st;
-    size_t *caps = sb_calloc(n, sizeof *caps);
-    if (!caps) {
+    run_input *ins = sb_calloc(n, sizeof *ins);
+    if (!ins) {
         sb_request_free(r);
         return sb_fail(err, SB_ERR_NOMEM, "out of memory for %zu results", n);
     }
-    bool cancelled = false;
+    bool cancelled = false, called_off = false;
     sb_stream_event ev;
     while (sb_request_next(r, -1, &ev)) {
+        run_input *in = &ins[ev.index];
         sb_result *res = &results[ev.index];
-        if (st == SB_OK && !append(res, &caps[ev.index], ev.text, ev.text_len))
+        if (called_off) {
+            if (!ev.done || in->done)
+                continue;
+            ev = (sb_stream_event){.index = ev.index, .done = true, .text = "", .finish = SB_FINISHED_CANCELLED,
+                                   .n_prompt = ev.n_prompt, .n_prompt_cached = ev.n_prompt_cached,
+                                   .n_generated = in->seen, .ttft_s = ev.ttft_s, .time_s = ev.time_s};
+            in->cut = true;
+        }
+        if (st == SB_OK && !append(res, &in->cap, ev.text, ev.text_len))
             st = sb_fail(err, SB_ERR_NOMEM, "input %d: out of memory for the generated text", (int)ev.index);
         if (ev.done) {
+            in->done = true;
             res->finish = ev.finish;
             if (ev.finish == SB_FINISHED_ERROR && st == SB_OK)
                 st = sb_fail(err, SB_ERR_NOMEM, "input %d: generation failed: %s", (int)ev.index,
                              ev.error ? ev.error : "(no message)");
-        }
-        if (p.on_event && !p.on_event(p.user_data, &ev) && !cancelled) {
-            sb_request_cancel(r);
+        } else
+            in->seen++;
+        if (p.on_event && !p.on_event(p.user_data, &ev) && !called_off) {
+            called_off = true;
+            if (!cancelled)
+                sb_request_cancel(r);
             cancelled = true;
         }
         if (st != SB_OK && !cancelled) {
@@ -1102,19 +1128,19 @@ static sb_status run(sb_switchboard_t *sb, const sb_input *inputs, size_t n, con
             cancelled = true;
         }
     }
-    sb_free(caps);
     pthread_mutex_lock(&r->mu);
     for (size_t i = 0; i < n; i++) {
         sb_result *res = &results[i];
         const slot *s = &r->slots[i];
         res->n_prompt = s->n_prompt;
         res->n_prompt_cached = s->n_prompt_cached;
-        res->n_generated = s->n_generated;
+        res->n_generated = ins[i].cut ? ins[i].seen : s->n_generated;
         range_profile(r, (int32_t)i, (int32_t)i + 1, &res->profile);
         served_of(r->held->lease, &res->served);
         if (!res->text && st == SB_OK && !(res->text = sb_calloc(1, 1)))
             st = sb_fail(err, SB_ERR_NOMEM, "out of memory for the results");
     }
+    sb_free(ins);
     if (whole)
         range_profile(r, 0, r->n_slots, whole);
     pthread_mutex_unlock(&r->mu);
