@@ -24,6 +24,16 @@ typedef struct sse_stream {
     bool ended;     /* "data: [DONE]" is in out */
 } sse_stream;
 
+/* The answer is whole once "data: [DONE]" is rendered: it is accounted for
+ * (and stored in a memory response cache) now, before its last bytes go
+ * out, so that a client that repeats the request the moment it reads
+ * [DONE] finds it cached; at the response's end it raced the next request. */
+static void sse_end(sse_stream *s) {
+    s->ended = true;
+    sb_srv_acct_end(s->acct, 200);
+    s->acct = NULL;
+}
+
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     sse_stream *s = cls;
     for (;;) {
@@ -42,12 +52,12 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (sb_srv_pull_next(s->pull, &ev, &gone)) {
             sb_srv_acct_event(s->acct, &ev);
             if (sb_oai_resp_chunk(&s->resp, &ev, &s->out))
-                s->ended = true;
+                sse_end(s);
         } else if (gone) {
             return MHD_CONTENT_READER_END_WITH_ERROR;
         } else { /* every choice finished but a done event was lost to an allocation failure */
             sb_srv_buf_puts(&s->out, "data: [DONE]\n\n");
-            s->ended = true;
+            sse_end(s);
         }
         if (s->out.failed) {
             sb_srv_pull_cancel(s->pull);
@@ -58,7 +68,8 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void sse_free(void *cls) {
     sse_stream *s = cls;
-    sb_srv_acct_end(s->acct, s->ended ? 200 : 499);
+    if (s->acct) /* the stream did not end: the client went away */
+        sb_srv_acct_end(s->acct, 499);
     sb_gw_settle(s->srv->gw, &s->req.caller, sb__srv_tokens_used(&s->resp));
     sb_srv_pull_free(s->pull); /* cancels what still runs: the connection ended early, nobody wants the rest */
     sb_oai_resp_free(&s->resp);
