@@ -1066,12 +1066,11 @@ static bool append(sb_result *res, size_t *cap, const char *text, size_t len) {
 }
 
 /* What run() keeps per input: its text's capacity, the tokens the caller
- * was given, whether its done event came, and whether the caller's cancel
- * cut it short. */
+ * was given, and whether the caller's cancel cut it short. */
 typedef struct run_input {
     size_t cap;
     int32_t seen;
-    bool done, cut;
+    bool cut;
 } run_input;
 
 /* Submits, takes every event (handing each to params.on_event), and fills
@@ -1100,7 +1099,7 @@ static sb_status run(sb_switchboard_t *sb, const sb_input *inputs, size_t n, con
         run_input *in = &ins[ev.index];
         sb_result *res = &results[ev.index];
         if (called_off) {
-            if (!ev.done || in->done)
+            if (!ev.done)
                 continue;
             ev = (sb_stream_event){.index = ev.index, .done = true, .text = "", .finish = SB_FINISHED_CANCELLED,
                                    .n_prompt = ev.n_prompt, .n_prompt_cached = ev.n_prompt_cached,
@@ -1110,7 +1109,6 @@ static sb_status run(sb_switchboard_t *sb, const sb_input *inputs, size_t n, con
         if (st == SB_OK && !append(res, &in->cap, ev.text, ev.text_len))
             st = sb_fail(err, SB_ERR_NOMEM, "input %d: out of memory for the generated text", (int)ev.index);
         if (ev.done) {
-            in->done = true;
             res->finish = ev.finish;
             if (ev.finish == SB_FINISHED_ERROR && st == SB_OK)
                 st = sb_fail(err, SB_ERR_NOMEM, "input %d: generation failed: %s", (int)ev.index,
