@@ -96,6 +96,10 @@ bool sb_weight_packable(sb_type type, int64_t n_in, int64_t n_out) {
            n_out % p->rows == 0;
 }
 
+int64_t sb_weight_pack_rows(sb_type type) {
+    return sb_type_traits_of(type) ? sb_kernels_active()->packing[type].rows : 0;
+}
+
 void sb_weight_pack(sb_type type, const void *src, void *dst, int64_t n_in, int64_t n_out) {
     SB_ASSERT(sb_weight_packable(type, n_in, n_out));
     sb_kernels_active()->packing[type].pack(src, dst, n_in, n_out);

@@ -227,9 +227,14 @@ void sb_matmul(sb_threadpool *tp, sb_type type, const void *w, int64_t n_in, int
 size_t sb_matmul_work_size(sb_type type, int64_t n_in, int64_t n_tok);
 
 /* Whether the active level packs [n_in, n_out] matrices of this type, and
- * the packing (into dst, sb_type_row_size(type, n_in) * n_out bytes). */
+ * the packing (into dst, sb_type_row_size(type, n_in) * n_out bytes). Rows
+ * are packed in groups of sb_weight_pack_rows(type) (0: the type is not
+ * packed), each group in place of its own rows: packing a matrix a slice of
+ * whole groups at a time, src and dst advanced by the slice's bytes, gives
+ * the same bytes as packing it at once. */
 bool sb_weight_packable(sb_type type, int64_t n_in, int64_t n_out);
 void sb_weight_pack(sb_type type, const void *src, void *dst, int64_t n_in, int64_t n_out);
+int64_t sb_weight_pack_rows(sb_type type);
 
 /* Several products of the same input (a layer's query, key and value; its
  * gate and up): y_i = W_i x for each of the n (<= SB_MATMUL_MAX) matrices,

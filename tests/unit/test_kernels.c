@@ -287,6 +287,35 @@ static void test_packed_gemm_matches_scalar(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* A layout packs each group of rows in place of its rows (sb_weight_pack's
+ * contract, which lets a load pack a matrix a slice at a time): packing the
+ * groups one by one gives the whole matrix's bytes. */
+static void test_packing_is_per_group(void **state) {
+    (void)state;
+    const sb_kernels *simd[SIMD_MAX];
+    int checked = 0;
+    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++)
+        for (uint32_t type = 0; type < SB_TYPE_COUNT; type++) {
+            const sb_packing *p = &simd[l]->packing[type];
+            if (p->rows == 0)
+                continue;
+            const int64_t n = blocks_of((sb_type)type, 288), nr = 3 * (int64_t)p->rows;
+            const size_t ws = row_size((sb_type)type, n), group = ws * (size_t)p->rows;
+            uint8_t *w = malloc(ws * (size_t)nr), *whole = malloc(ws * (size_t)nr), *sliced = malloc(ws * (size_t)nr);
+            fill_rows((sb_type)type, false, n, nr, w, ws);
+            p->pack(w, whole, n, nr);
+            for (int64_t g = 0; g < 3; g++)
+                p->pack(w + (size_t)g * group, sliced + (size_t)g * group, n, p->rows);
+            assert_memory_equal(whole, sliced, ws * (size_t)nr);
+            free(w);
+            free(whole);
+            free(sliced);
+            checked++;
+        }
+    if (checked == 0)
+        print_message("no packed layout on this CPU\n");
+}
+
 static void test_gemm_matches_scalar(void **state) {
     (void)state;
     static const int64_t ns[] = {32, 96, 160, 1056};
@@ -735,6 +764,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_matches_scalar),
         cmocka_unit_test(test_levels_compared),
         cmocka_unit_test(test_packed_gemm_matches_scalar),
+        cmocka_unit_test(test_packing_is_per_group),
         cmocka_unit_test(test_gemm_tile_shapes),
     };
     return sb_test_exit(cmocka_run_group_tests(tests, NULL, NULL));
