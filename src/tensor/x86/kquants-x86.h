@@ -399,12 +399,12 @@ static void kq_terms(const void *x, int64_t n, void *dst) {
 static void kq_q6_planes(const uint8_t *blk, uint8_t out[192]) {
     uint8_t q[SB_QK_K];
     sb__q6_K_quants(blk, q);
+    /* byte 16s + i of quarter u is element 64u + 16s + i, and 48 + i's bits
+     * 2s..: loops of 16 bytes, which gcc turns into vector operations */
     for (int u = 0; u < 4; u++)
-        for (int k = 0; k < 12; k++)
-            for (int c = 0; c < 4; c++) {
-                const int spread = q[64 * u + 48 + 4 * (k % 4) + c] >> 2 * (k / 4) & 3;
-                out[48 * u + 4 * k + c] = (uint8_t)(q[64 * u + 4 * k + c] | spread << 6);
-            }
+        for (int s = 0; s < 3; s++)
+            for (int i = 0; i < 16; i++)
+                out[48 * u + 16 * s + i] = (uint8_t)(q[64 * u + 16 * s + i] | (q[64 * u + 48 + i] >> 2 * s & 3) << 6);
 }
 
 /* Groups of QB_R rows in the layout kq_qbytes describes. Same size as the rows. */
