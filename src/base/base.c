@@ -6,11 +6,13 @@
 
 #include <cjson/cJSON.h>
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 const char *sb_status_str(sb_status status) {
     switch (status) {
@@ -175,4 +177,36 @@ void sb__advise_inside(const void *p, size_t size, uintptr_t unit, int advice) {
     const uintptr_t lo = sb_align_up((uintptr_t)p, unit), hi = sb_align_down((uintptr_t)p + size, unit);
     if (hi > lo)
         madvise((void *)lo, hi - lo, advice);
+}
+
+int sb__load_split(size_t n, size_t (*size)(const void *ctx, size_t i), const void *ctx,
+                   size_t ends[SB_LOAD_THREADS]) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int n_parts = (int)SB_MAX(1, SB_MIN(SB_MIN((long)SB_LOAD_THREADS, cores), (long)n));
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        bytes += size(ctx, i);
+    size_t i = 0, acc = 0;
+    for (int k = 0; k < n_parts; k++) {
+        const size_t until = bytes / (size_t)n_parts * (size_t)(k + 1);
+        while (i < n && (k == n_parts - 1 || acc < until))
+            acc += size(ctx, i++);
+        ends[k] = i;
+    }
+    return n_parts;
+}
+
+void sb__load_run(void *(*fn)(void *part), void *parts, size_t part_size, int n) {
+    SB_ASSERT(n >= 1 && n <= SB_LOAD_THREADS);
+    pthread_t threads[SB_LOAD_THREADS];
+    bool started[SB_LOAD_THREADS] = {false};
+    for (int k = 1; k < n; k++)
+        started[k] = pthread_create(&threads[k], NULL, fn, (char *)parts + (size_t)k * part_size) == 0;
+    fn(parts);
+    for (int k = 1; k < n; k++) {
+        if (started[k])
+            pthread_join(threads[k], NULL);
+        else
+            fn((char *)parts + (size_t)k * part_size); /* no thread to be had: here, then */
+    }
 }

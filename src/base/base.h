@@ -81,6 +81,22 @@ static inline uintptr_t sb_align_up(uintptr_t x, uintptr_t a) { return sb_align_
 /* madvise() over the whole `unit`s inside [p, p + size), if any: the pages
  * that belong to that range alone. */
 void sb__advise_inside(const void *p, size_t size, uintptr_t unit, int advice);
+
+/* A load's work over threads (reading a private image, packing weights):
+ * copying out of the page cache and packing are the whole of a warm load,
+ * and they scale until memory bandwidth. At most this many parts. */
+#define SB_LOAD_THREADS 4
+/* Splits items 0..n, item i weighing size(ctx, i) bytes, into parts of
+ * about equal bytes, one per thread to be had (at most SB_LOAD_THREADS, no
+ * more than the cores or the items, at least one): part k ends before item
+ * ends[k] and begins at ends[k - 1] (part 0 at 0). Returns the parts. */
+int sb__load_split(size_t n, size_t (*size)(const void *ctx, size_t i), const void *ctx,
+                   size_t ends[SB_LOAD_THREADS]);
+/* Runs fn on each of n parts (n <= SB_LOAD_THREADS), part k at (char *)parts
+ * + k * part_size: part 0 on the caller, the others on threads of their own
+ * (one whose thread cannot start runs on the caller afterwards). Returns when
+ * all have run. */
+void sb__load_run(void *(*fn)(void *part), void *parts, size_t part_size, int n);
 #define SB_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SB_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -471,15 +471,46 @@ void sb_gguf_drop(sb_gguf *g, const void *data, size_t len) {
         sb__advise_inside(data, len, (uintptr_t)sysconf(_SC_PAGESIZE), MADV_DONTNEED);
 }
 
+/* One thread's share of sb_gguf_fill: tensors [begin, end). */
+typedef struct fill_part {
+    const sb_gguf *g;
+    size_t begin, end;
+    sb_status st;
+    sb_error err;
+} fill_part;
+
+static size_t left_to_read(const void *g, size_t i) {
+    const sb_gguf_tensor *t = &((const sb_gguf *)g)->tensors[i];
+    return t->dropped ? 0 : (size_t)t->nbytes;
+}
+
+static void *fill_part_run(void *arg) {
+    fill_part *p = arg;
+    for (size_t i = p->begin; i < p->end && p->st == SB_OK; i++) {
+        const sb_gguf_tensor *t = &p->g->tensors[i];
+        if (left_to_read(p->g, i) > 0)
+            p->st = read_at(p->g->fd, (void *)t->data, t->nbytes, (uint64_t)((const uint8_t *)t->data - p->g->base),
+                            &p->err);
+    }
+    return NULL;
+}
+
 sb_status sb_gguf_fill(sb_gguf *g, sb_error *err) {
     if (g->fd < 0)
         return SB_OK;
+    /* On the load's threads. Not advised for huge pages, unlike the packed
+     * copy: for a 1.1B Q8_0 image (1.2 GB unpacked) half of such loads took
+     * 0.9-2.2 s against 0.3-0.5 without (measured, not traced further). */
+    size_t ends[SB_LOAD_THREADS];
+    const int n_parts = sb__load_split((size_t)g->n_tensors, left_to_read, g, ends);
+    fill_part parts[SB_LOAD_THREADS];
+    for (int k = 0; k < n_parts; k++)
+        parts[k] = (fill_part){.g = g, .begin = k ? ends[k - 1] : 0, .end = ends[k]};
+    sb__load_run(fill_part_run, parts, sizeof(parts[0]), n_parts);
     sb_status st = SB_OK;
-    for (uint64_t i = 0; i < g->n_tensors && st == SB_OK; i++) {
-        const sb_gguf_tensor *t = &g->tensors[i];
-        if (!t->dropped && t->nbytes > 0)
-            st = read_at(g->fd, (void *)t->data, t->nbytes, (uint64_t)((const uint8_t *)t->data - g->base), err);
-    }
+    for (int k = 0; k < n_parts && st == SB_OK; k++)
+        if ((st = parts[k].st) != SB_OK && err)
+            *err = parts[k].err;
     close(g->fd);
     g->fd = -1;
     if (st == SB_OK)

@@ -103,38 +103,18 @@ static void *pack_part_run(void *arg) {
     return NULL;
 }
 
-/* Most threads a load packs with: reading from the page cache and packing
- * is the whole of a warm load, and it scales until memory bandwidth. */
-#define SB_PACK_THREADS 4
+static size_t listed_size(const void *list, size_t i) { return weight_size(((sb_weight *const *)list)[i]); }
 
-/* Packs list's weights into their places dst[] on up to SB_PACK_THREADS
- * threads (no more than the machine's cores), in parts of about equal bytes. */
-static sb_status pack_all(sb_model *m, sb_weight **list, size_t n, uint8_t *const *dst, size_t bytes,
-                          sb_error *err) {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t n_parts = (size_t)SB_MAX(1, SB_MIN((long)SB_PACK_THREADS, cores));
-    n_parts = SB_MAX((size_t)1, SB_MIN(n_parts, n));
-    pack_part parts[SB_PACK_THREADS];
-    pthread_t threads[SB_PACK_THREADS];
-    bool started[SB_PACK_THREADS] = {false};
-    size_t i = 0, acc = 0;
-    for (size_t k = 0; k < n_parts; k++) {
-        parts[k] = (pack_part){.m = m, .list = list, .dst = dst, .begin = i, .st = SB_OK};
-        const size_t until = bytes / n_parts * (k + 1);
-        while (i < n && (k == n_parts - 1 || acc < until))
-            acc += weight_size(list[i++]);
-        parts[k].end = i;
-    }
-    for (size_t k = 1; k < n_parts; k++)
-        started[k] = pthread_create(&threads[k], NULL, pack_part_run, &parts[k]) == 0;
-    pack_part_run(&parts[0]);
-    for (size_t k = 1; k < n_parts; k++) {
-        if (started[k])
-            pthread_join(threads[k], NULL);
-        else
-            pack_part_run(&parts[k]); /* no thread to be had: here, then */
-    }
-    for (size_t k = 0; k < n_parts; k++)
+/* Packs list's weights into their places dst[] on the load's threads, in
+ * parts of about equal bytes. */
+static sb_status pack_all(sb_model *m, sb_weight **list, size_t n, uint8_t *const *dst, sb_error *err) {
+    size_t ends[SB_LOAD_THREADS];
+    const int n_parts = sb__load_split(n, listed_size, list, ends);
+    pack_part parts[SB_LOAD_THREADS];
+    for (int k = 0; k < n_parts; k++)
+        parts[k] = (pack_part){.m = m, .list = list, .dst = dst, .begin = k ? ends[k - 1] : 0, .end = ends[k]};
+    sb__load_run(pack_part_run, parts, sizeof(parts[0]), n_parts);
+    for (int k = 0; k < n_parts; k++)
         if (parts[k].st != SB_OK) {
             if (err)
                 *err = parts[k].err;
@@ -150,13 +130,11 @@ static sb_status copy_weights(sb_model *m, sb_weight **list, size_t n, sb_weight
     uint8_t **places = sb_calloc(n + 1, sizeof *places);
     if (!places)
         return sb_fail(err, SB_ERR_NOMEM, "out of memory");
-    size_t bytes = 0;
     for (size_t i = 0; i < n; i++) {
         places[i] = dst;
         dst += sb_align_up(weight_size(list[i]), 64);
-        bytes += weight_size(list[i]);
     }
-    sb_status st = n > 0 ? pack_all(m, list, n, places, bytes, err) : SB_OK;
+    sb_status st = n > 0 ? pack_all(m, list, n, places, err) : SB_OK;
     sb_free(places);
     if (st != SB_OK || !embd)
         return st;
