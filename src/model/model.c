@@ -4,12 +4,10 @@
  * model and tokenizer entry points of switchboard.h, which forward to the
  * tokenizer module.
  */
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "base/base.h"
 #include "model/model.h"
@@ -49,6 +47,8 @@ static int64_t slice_rows(const sb_weight *w) {
     return SB_MIN(w->n_out, SB_MAX((int64_t)1, groups) * group);
 }
 
+static size_t slice_bytes(const sb_weight *w) { return sb_type_row_size(w->type, w->n_in) * (size_t)slice_rows(w); }
+
 /* One thread's share of the packing: weights [begin, end) of list, each
  * into its place dst[i] in m->packed. */
 typedef struct pack_part {
@@ -86,7 +86,7 @@ static void *pack_part_run(void *arg) {
     void *staging = NULL;
     size_t buf = 0;
     for (size_t i = p->begin; i < p->end; i++)
-        buf = SB_MAX(buf, sb_type_row_size(p->list[i]->type, p->list[i]->n_in) * (size_t)slice_rows(p->list[i]));
+        buf = SB_MAX(buf, slice_bytes(p->list[i]));
     if (p->m->gguf->fd >= 0 && !(staging = sb_malloc(buf))) {
         p->st = sb_fail(&p->err, SB_ERR_NOMEM, "out of memory for a %zu-byte read buffer", buf);
         return NULL;
