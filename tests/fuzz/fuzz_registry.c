@@ -26,16 +26,22 @@
 #include "registry/prompts.h"
 #include "registry/regfile.h"
 
-static char scratch[64];
+static char scratch[64], model_path[128];
+
+static void remove_scratch(void) {
+    unlink(model_path);
+    rmdir(scratch);
+}
 
 static void make_scratch(void) {
-    snprintf(scratch, sizeof(scratch), "/tmp/fuzz-registry-%d", (int)getpid());
-    mkdir(scratch, 0700);
-    char path[128];
-    snprintf(path, sizeof(path), "%s/m.gguf", scratch);
-    FILE *f = fopen(path, "w");
+    snprintf(scratch, sizeof(scratch), "/tmp/fuzz-registry-XXXXXX");
+    if (!mkdtemp(scratch))
+        abort();
+    snprintf(model_path, sizeof(model_path), "%s/m.gguf", scratch);
+    FILE *f = fopen(model_path, "w");
     if (f)
         fclose(f);
+    atexit(remove_scratch);
 }
 
 static size_t count_items(const cJSON *item) {

@@ -27,6 +27,8 @@ const prompts = ['Once upon a time', 'The capital of France is', 'def fibonacci(
 const N = 32;
 
 const dir = mkdtempSync(join(tmpdir(), 'sb-archs-'));
+// On every exit, a failed check's or a thrown error's as well.
+process.on('exit', () => rmSync(dir, {recursive: true, force: true}));
 const llama = await getLlama({gpu: false, logLevel: LlamaLogLevel.error, build: 'never'});
 let failures = 0;
 const files = [];
@@ -72,7 +74,6 @@ try {
     console.log(`${e.stdout || ''}${e.stderr || ''}`.trimEnd());
     distOk = false;
 }
-rmSync(dir, {recursive: true, force: true});
 if (!distOk)
     failures++;
 const total = archs.length * prompts.length + 1;

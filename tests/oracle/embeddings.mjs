@@ -60,6 +60,8 @@ function withU32(file, key, value) {
 
 const inputs = ['Once upon a time', 'The little dog ran to the park and played with a ball.', 'hello'];
 const dir = mkdtempSync(join(tmpdir(), 'sb-embd-'));
+// On every exit, a failed check's or a thrown error's as well.
+process.on('exit', () => rmSync(dir, { recursive: true, force: true }));
 const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, build: 'never' });
 let failures = 0;
 for (const [name, arch, least] of [['stories260K', 'llama', 0.99999], ['stories260K-q8_0', 'llama', 0.9995]]) {
@@ -86,5 +88,4 @@ for (const [name, arch, least] of [['stories260K', 'llama', 0.99999], ['stories2
     await model.dispose();
   }
 }
-rmSync(dir, { recursive: true, force: true });
 process.exit(failures ? 1 : 0);

@@ -33,6 +33,8 @@ const libllama = process.env.SB_LIBLLAMA ||
                  join(repo, 'node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.4.0.so');
 const types = ['q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1', 'q2_k', 'q3_k_m', 'q4_k_m', 'q5_k_m', 'q6_k'];
 const dir = mkdtempSync(join(tmpdir(), 'sb-kquants-'));
+// On every exit, a failed check's or a thrown error's as well.
+process.on('exit', () => rmSync(dir, {recursive: true, force: true}));
 let failures = 0, checks = 0;
 const check = (ok, line) => {
     checks++;
@@ -165,6 +167,5 @@ try {
     console.log(`${e.stdout || ''}${e.stderr || ''}`.trimEnd());
     check(false, 'teacher-forced distributions within the limits');
 }
-rmSync(dir, {recursive: true, force: true});
 console.log(`${checks - failures} passed, ${failures} failed`);
 process.exit(failures ? 1 : 0);

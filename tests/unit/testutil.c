@@ -1,8 +1,11 @@
 /*
  * testutil.c - see testutil.h.
  */
+#define _XOPEN_SOURCE 700 /* nftw */
 #include "testutil.h"
 
+#include <errno.h>
+#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -118,13 +121,30 @@ void sb_test_note_skip(const char *test, const char *why) {
 
 int sb_test_exit(int failures) { return failures ? failures : n_skipped ? SB_TEST_SKIPPED : 0; }
 
+static char tmpdir_path[64];
+static pid_t tmpdir_owner;
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path) != 0 ? -1 : 0;
+}
+
+/* At exit of the process that made it (not of a forked child): the test's
+ * files go with it, a few hundred MB of generated models for some. */
+static void remove_tmpdir(void) {
+    if (tmpdir_path[0] && getpid() == tmpdir_owner)
+        nftw(tmpdir_path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 const char *sb_test_tmpdir(void) {
-    static char dir[256];
-    if (!dir[0]) {
-        snprintf(dir, sizeof(dir), "/tmp/sb-test-%d", (int)getpid());
-        mkdir(dir, 0700);
+    if (!tmpdir_path[0]) {
+        snprintf(tmpdir_path, sizeof(tmpdir_path), "/tmp/sb-test-XXXXXX");
+        if (!mkdtemp(tmpdir_path))
+            fail_msg("cannot create a temporary directory in /tmp: %s", strerror(errno));
+        tmpdir_owner = getpid();
+        atexit(remove_tmpdir);
     }
-    return dir;
+    return tmpdir_path;
 }
 
 int sb_test_run_cli(const char *const *args, char **out, char **err) {

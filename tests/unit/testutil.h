@@ -36,7 +36,8 @@ size_t sb_test_live_bytes(void);
 void sb_test_note_skip(const char *test, const char *why);
 int sb_test_exit(int failures);
 
-/* Directory for temporary files of this test (created on demand). */
+/* Directory for temporary files of this test: created on demand, removed
+ * with its contents when the process exits. */
 const char *sb_test_tmpdir(void);
 
 
