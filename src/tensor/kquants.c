@@ -244,7 +244,10 @@ static int nearest_int(float v) {
     return (i & 0x007fffff) - 0x00400000;
 }
 
-static int clamp_int(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+static int clamp_int(int v, int lo, int hi) {
+    v = v < lo ? lo : v;
+    return v > hi ? hi : v;
+}
 
 /*
  * make_qkx2_quants: the scale and min of a sub-block of n elements with
@@ -382,50 +385,91 @@ static float search_q3(int n, int nmax, const float *x, uint8_t *L) {
     return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
-/* make_qx_quants' fit of one candidate scale: the rounded quants
- * -nmax..nmax-1 and the weighted sums sum(w*x*l), sum(w*l*l), w = x^2. */
-static void qx_fit(int n, int nmax, const float *x, float iscale, int8_t *l, float *sumlx, float *suml2) {
-    *sumlx = *suml2 = 0;
-    for (int i = 0; i < n; i++) {
-        l[i] = (int8_t)clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-        const float w = x[i] * x[i];
-        *sumlx += w * x[i] * (float)l[i];
-        *suml2 += w * (float)l[i] * (float)l[i];
-    }
+/*
+ * make_qx_quants with rmse_type 1 and no importance weights, for the 16
+ * sub-blocks of 16 elements of a block at once (Q6_K's): symmetric quants
+ * -nmax..nmax-1 (stored +nmax), weights x^2. Per sub-block it starts from
+ * the scale that maps the largest-magnitude element to -nmax, then tries
+ * -(nmax + 0.1*is), is = -9..9, keeping a rounding only if its
+ * least-squares fit is better. All-zero input gives L = 0 and scale 0.
+ *
+ * A sub-block is a vector lane: the loops over sub-blocks j are the inner
+ * ones, and each lane does ggml's operations on its sub-block in ggml's
+ * order, so every vector width writes ggml's bytes (the search was 90% of
+ * quantizing to Q6_K, one sub-block at a time).
+ */
+#define QX_N 16 /* sub-blocks per block, and elements per sub-block */
+
+/* One candidate scale per sub-block: the rounded quants and the weighted
+ * sums sum(w*x*l), sum(w*l*l), w = x^2. xt[i][j]: element i of sub-block j. */
+static inline void qx_fit(int nmax, const float xt[restrict QX_N][QX_N], const float iscale[restrict QX_N],
+                          int32_t l[restrict QX_N][QX_N], float sumlx[restrict QX_N], float suml2[restrict QX_N]) {
+    for (int j = 0; j < QX_N; j++)
+        sumlx[j] = suml2[j] = 0;
+    for (int i = 0; i < QX_N; i++)
+        for (int j = 0; j < QX_N; j++) {
+            const float x = xt[i][j];
+            const int q = clamp_int(nearest_int(iscale[j] * x), -nmax, nmax - 1);
+            l[i][j] = q;
+            const float w = x * x;
+            sumlx[j] += w * x * (float)q;
+            suml2[j] += w * (float)q * (float)q;
+        }
 }
 
-/*
- * make_qx_quants with rmse_type 1 and no importance weights: symmetric
- * quants -nmax..nmax-1 (stored +nmax), weights x^2. Starts from the scale
- * that maps the largest-magnitude element to -nmax, then tries -(nmax +
- * 0.1*is), is = -9..9, keeping a rounding only if its least-squares fit is
- * better. All-zero input gives L = 0 and scale 0.
- */
-static float search_qx(int n, int nmax, const float *x, uint8_t *L) {
-    int8_t l[16];
-    float amax, max = signed_absmax(n, x, &amax);
-    if (amax < GROUP_MAX_EPS) {
-        memset(L, 0, (size_t)n);
-        return 0.0f;
+SB_VECTOR_CLONES static void search_qx(int nmax, const float *x, float scale[QX_N], uint8_t *L) {
+    float xt[QX_N][QX_N], max[QX_N], amax[QX_N], iscale[QX_N], sumlx[QX_N], suml2[QX_N], best[QX_N];
+    int32_t l[QX_N][QX_N], lt[QX_N][QX_N]; /* int32, not bytes: lanes as wide as the floats' */
+    for (int i = 0; i < QX_N; i++)
+        for (int j = 0; j < QX_N; j++)
+            xt[i][j] = x[QX_N * j + i];
+    /* signed_absmax, lane by lane */
+    for (int j = 0; j < QX_N; j++)
+        max[j] = amax[j] = 0;
+    for (int i = 0; i < QX_N; i++)
+        for (int j = 0; j < QX_N; j++) {
+            const float ax = fabsf(xt[i][j]);
+            const bool more = ax > amax[j];
+            max[j] = more ? xt[i][j] : max[j];
+            amax[j] = more ? ax : amax[j];
+        }
+
+    for (int j = 0; j < QX_N; j++)
+        iscale[j] = (float)-nmax / max[j];
+    qx_fit(nmax, xt, iscale, l, sumlx, suml2);
+    for (int i = 0; i < QX_N; i++)
+        for (int j = 0; j < QX_N; j++)
+            lt[i][j] = l[i][j] + nmax;
+    for (int j = 0; j < QX_N; j++) {
+        scale[j] = suml2[j] != 0 ? sumlx[j] / suml2[j] : 0.0f;
+        best[j] = scale[j] * sumlx[j];
     }
-    float sumlx, suml2;
-    qx_fit(n, nmax, x, (float)-nmax / max, l, &sumlx, &suml2);
-    for (int i = 0; i < n; i++)
-        L[i] = (uint8_t)(l[i] + nmax);
-    float scale = suml2 != 0 ? sumlx / suml2 : 0.0f;
-    float best = scale * sumlx;
     for (int is = -9; is <= 9; is++) {
         if (is == 0)
             continue;
-        qx_fit(n, nmax, x, -((float)nmax + 0.1f * (float)is) / max, l, &sumlx, &suml2);
-        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; i++)
-                L[i] = (uint8_t)(l[i] + nmax);
-            scale = sumlx / suml2;
-            best = scale * sumlx;
+        for (int j = 0; j < QX_N; j++)
+            iscale[j] = -((float)nmax + 0.1f * (float)is) / max[j];
+        qx_fit(nmax, xt, iscale, l, sumlx, suml2);
+        bool better[QX_N];
+        for (int j = 0; j < QX_N; j++)
+            better[j] = suml2[j] > 0 && sumlx[j] * sumlx[j] > best[j] * suml2[j];
+        for (int i = 0; i < QX_N; i++)
+            for (int j = 0; j < QX_N; j++)
+                lt[i][j] = better[j] ? l[i][j] + nmax : lt[i][j];
+        for (int j = 0; j < QX_N; j++) {
+            const float s = sumlx[j] / suml2[j]; /* taken only where suml2 > 0 */
+            scale[j] = better[j] ? s : scale[j];
+            best[j] = better[j] ? s * sumlx[j] : best[j];
         }
     }
-    return scale;
+
+    /* Sub-blocks below ggml's threshold: all zero (their lanes computed garbage). */
+    for (int j = 0; j < QX_N; j++) {
+        const bool zero = amax[j] < GROUP_MAX_EPS;
+        scale[j] = zero ? 0.0f : scale[j];
+        for (int i = 0; i < QX_N; i++)
+            L[QX_N * j + i] = zero ? 0 : (uint8_t)lt[i][j];
+    }
 }
 
 /* ---- quantization (ggml's quantize_row_*_ref) ---------------------------- */
@@ -516,39 +560,40 @@ static bool encode_scales(const kfmt *f, uint8_t *blk, const float *scales, cons
     return true;
 }
 
+/* Step 1 of quantize_block for the searches that go sub-block by sub-block:
+ * the scale (and min) of the n = f->sub elements at xs, and their quants. */
+static void search_sub_block(const kfmt *f, const float *xs, float *scale, float *min, uint8_t *Ls) {
+    if (f->search == SEARCH_Q3) {
+        *scale = search_q3(f->sub, f->bias, xs, Ls);
+        return;
+    }
+    float w[32];
+    if (f->use_mad) { /* Q2_K: weights |x| */
+        for (int i = 0; i < f->sub; i++)
+            w[i] = fabsf(xs[i]);
+    } else { /* Q4_K, Q5_K: weights rms(x) + |x| */
+        float sum_x2 = 0;
+        for (int i = 0; i < f->sub; i++)
+            sum_x2 += xs[i] * xs[i];
+        const float av_x = sqrtf(sum_x2 / (float)f->sub);
+        for (int i = 0; i < f->sub; i++)
+            w[i] = av_x + fabsf(xs[i]);
+    }
+    *scale = search_qkx2(f->sub, f->qmax, xs, w, Ls, min, f->rmin, f->nstep, f->use_mad);
+}
+
 static void quantize_block(const kfmt *f, const float *x, uint8_t *blk) {
     const int nsub = SB_QK_K / f->sub;
     uint8_t L[SB_QK_K];
-    float scales[NSUB_MAX], mins[NSUB_MAX] = {0}, w[32];
+    float scales[NSUB_MAX], mins[NSUB_MAX] = {0};
     memset(blk, 0, f->size);
 
     /* 1. Per sub-block: the best float scale (and min) and quants for it. */
-    for (int j = 0; j < nsub; j++) {
-        const float *xs = x + f->sub * j;
-        uint8_t *Ls = L + f->sub * j;
-        switch (f->search) {
-        case SEARCH_QKX2:
-            if (f->use_mad) { /* Q2_K: weights |x| */
-                for (int i = 0; i < f->sub; i++)
-                    w[i] = fabsf(xs[i]);
-            } else { /* Q4_K, Q5_K: weights rms(x) + |x| */
-                float sum_x2 = 0;
-                for (int i = 0; i < f->sub; i++)
-                    sum_x2 += xs[i] * xs[i];
-                const float av_x = sqrtf(sum_x2 / (float)f->sub);
-                for (int i = 0; i < f->sub; i++)
-                    w[i] = av_x + fabsf(xs[i]);
-            }
-            scales[j] = search_qkx2(f->sub, f->qmax, xs, w, Ls, &mins[j], f->rmin, f->nstep, f->use_mad);
-            break;
-        case SEARCH_Q3:
-            scales[j] = search_q3(f->sub, f->bias, xs, Ls);
-            break;
-        case SEARCH_QX:
-            scales[j] = search_qx(f->sub, f->bias, xs, Ls);
-            break;
-        }
-    }
+    if (f->search == SEARCH_QX)
+        search_qx(f->bias, x, scales, L); /* every sub-block at once */
+    else
+        for (int j = 0; j < nsub; j++)
+            search_sub_block(f, x + f->sub * j, &scales[j], &mins[j], L + f->sub * j);
 
     /* 2. Quantize the scales; Q6_K blocks of negligible scale stay all zero. */
     if (!encode_scales(f, blk, scales, mins))
