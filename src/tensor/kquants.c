@@ -249,77 +249,146 @@ static int clamp_int(int v, int lo, int hi) {
     return v > hi ? hi : v;
 }
 
+/* The searches of ggml's quantizers below work on 16 sub-blocks at once,
+ * one per vector lane: their loops over the lanes j are the inner ones, and
+ * each lane does ggml's operations on its sub-block in ggml's order, so
+ * that every vector width writes ggml's bytes. (Lanes of 16: gcc unrolls
+ * loops of 8 whole before it vectorises, and then vectorises the loop
+ * around them instead, with in-order reductions: Q4_K's search 3x slower
+ * with the 8 sub-blocks of one block.) */
+#define SEARCH_LANES 16
+
 /*
- * make_qkx2_quants: the scale and min of a sub-block of n elements with
- * quants 0..nmax and least weighted error sum(w * err(scale*L + min - x)),
- * err = |.| (use_mad) or squared. Starts from the range [min(x,0), max(x)]
- * cut in nmax steps, then tries nstep+1 other step counts nmax + rmin +
- * 0.1*is, each with the least-squares scale and min for its rounding.
- * Returns the scale; *neg_min = -min (>= 0). L gets the quants.
+ * make_qkx2_quants, with the weights ggml gives it (|x| for Q2_K; for Q4_K
+ * and Q5_K rms(x) + |x|, the rms over the sub-block), for 16 sub-blocks
+ * at once: the scale and min of each sub-block of n elements
+ * with quants 0..nmax and least weighted error sum(w * err(scale*L + min -
+ * x)), err = |.| (use_mad) or squared. Starts from the range [min(x,0),
+ * max(x)] cut in nmax steps, then tries nstep+1 other step counts nmax +
+ * rmin + 0.1*is, each with the least-squares scale and min for its
+ * rounding (a better one also moves the min the next candidates start
+ * from). scale[j], neg_min[j] = -min (>= 0) and L get sub-block j's.
+ *
+ * Lanes whose range is empty compute garbage, then take ggml's answer for
+ * them: quants 0, scale 0. The 16 sub-blocks have n elements: Q2_K 16
+ * with use_mad (a block), Q4_K and Q5_K 32 without (two blocks); the
+ * callers below fix both, so that the loops have no branches.
  */
-static float search_qkx2(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min, float rmin,
-                         int nstep, bool use_mad) {
-    uint8_t Laux[32];
-    float min = x[0], max = x[0];
-    float sum_w = w[0], sum_x = sum_w * x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < min)
-            min = x[i];
-        if (x[i] > max)
-            max = x[i];
-        sum_w += w[i];
-        sum_x += w[i] * x[i];
+#define QKX2_N 32
+static inline __attribute__((always_inline)) void qkx2_lanes(const int n, const bool use_mad,
+                                                             const kfmt *f, const float *x, float *scale,
+                                                             float *neg_min, uint8_t *L) {
+    float xt[QKX2_N][SEARCH_LANES], w[QKX2_N][SEARCH_LANES];   /* element i of lane j at [i][j] */
+    int32_t lb[QKX2_N][SEARCH_LANES], la[QKX2_N][SEARCH_LANES]; /* best and candidate quants */
+    float min[SEARCH_LANES], max[SEARCH_LANES], sum_w[SEARCH_LANES], sum_x[SEARCH_LANES], iscale[SEARCH_LANES],
+        sc[SEARCH_LANES], best[SEARCH_LANES], min0[SEARCH_LANES];
+    const int nmax = f->qmax;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < SEARCH_LANES; j++)
+            xt[i][j] = x[n * j + i];
+    if (use_mad) {
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < SEARCH_LANES; j++)
+                w[i][j] = fabsf(xt[i][j]);
+    } else {
+        float sum_x2[SEARCH_LANES], av_x[SEARCH_LANES];
+        for (int j = 0; j < SEARCH_LANES; j++)
+            sum_x2[j] = 0;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < SEARCH_LANES; j++)
+                sum_x2[j] += xt[i][j] * xt[i][j];
+        for (int j = 0; j < SEARCH_LANES; j++)
+            av_x[j] = sqrtf(sum_x2[j] / (float)n);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < SEARCH_LANES; j++)
+                w[i][j] = av_x[j] + fabsf(xt[i][j]);
     }
-    if (min > 0)
-        min = 0;
-    if (max == min) {
-        memset(L, 0, (size_t)n);
-        *neg_min = -min;
-        return 0.0f;
+
+    for (int j = 0; j < SEARCH_LANES; j++) {
+        min[j] = max[j] = xt[0][j];
+        sum_w[j] = w[0][j];
+        sum_x[j] = sum_w[j] * xt[0][j];
     }
-    float iscale = (float)nmax / (max - min);
-    float scale = 1 / iscale;
-    float best_error = 0;
-    for (int i = 0; i < n; i++) {
-        L[i] = (uint8_t)clamp_int(nearest_int(iscale * (x[i] - min)), 0, nmax);
-        float diff = scale * (float)L[i] + min - x[i];
-        diff = use_mad ? fabsf(diff) : diff * diff;
-        best_error += w[i] * diff;
-    }
-    for (int is = 0; is <= nstep; is++) {
-        iscale = (rmin + 0.1f * (float)is + (float)nmax) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; i++) {
-            const int l = clamp_int(nearest_int(iscale * (x[i] - min)), 0, nmax);
-            Laux[i] = (uint8_t)l;
-            sum_l += w[i] * (float)l;
-            sum_l2 += w[i] * (float)l * (float)l;
-            sum_xl += w[i] * (float)l * x[i];
+    for (int i = 1; i < n; i++)
+        for (int j = 0; j < SEARCH_LANES; j++) {
+            min[j] = xt[i][j] < min[j] ? xt[i][j] : min[j];
+            max[j] = xt[i][j] > max[j] ? xt[i][j] : max[j];
+            sum_w[j] += w[i][j];
+            sum_x[j] += w[i][j] * xt[i][j];
         }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
+    for (int j = 0; j < SEARCH_LANES; j++) {
+        min[j] = min[j] > 0 ? 0 : min[j];
+        min0[j] = min[j];
+        iscale[j] = (float)nmax / (max[j] - min[j]);
+        sc[j] = 1 / iscale[j];
+        best[j] = 0;
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < SEARCH_LANES; j++) {
+            const int l = clamp_int(nearest_int(iscale[j] * (xt[i][j] - min[j])), 0, nmax);
+            lb[i][j] = l;
+            float diff = sc[j] * (float)l + min[j] - xt[i][j];
+            diff = use_mad ? fabsf(diff) : diff * diff;
+            best[j] += w[i][j] * diff;
+        }
+
+    for (int is = 0; is <= f->nstep; is++) {
+        float sum_l[SEARCH_LANES], sum_l2[SEARCH_LANES], sum_xl[SEARCH_LANES], ts[SEARCH_LANES], tm[SEARCH_LANES],
+            cur[SEARCH_LANES];
+        int32_t take[SEARCH_LANES]; /* 0 or 1, not bool: lanes as wide as the floats' */
+        for (int j = 0; j < SEARCH_LANES; j++) {
+            iscale[j] = (f->rmin + 0.1f * (float)is + (float)nmax) / (max[j] - min[j]);
+            sum_l[j] = sum_l2[j] = sum_xl[j] = cur[j] = 0;
+        }
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < SEARCH_LANES; j++) {
+                const int l = clamp_int(nearest_int(iscale[j] * (xt[i][j] - min[j])), 0, nmax);
+                la[i][j] = l;
+                sum_l[j] += w[i][j] * (float)l;
+                sum_l2[j] += w[i][j] * (float)l * (float)l;
+                sum_xl[j] += w[i][j] * (float)l * xt[i][j];
             }
-            float cur_error = 0;
-            for (int i = 0; i < n; i++) {
-                float diff = this_scale * (float)Laux[i] + this_min - x[i];
+        for (int j = 0; j < SEARCH_LANES; j++) {
+            const float D = sum_w[j] * sum_l2[j] - sum_l[j] * sum_l[j];
+            const float this_min = (sum_l2[j] * sum_x[j] - sum_l[j] * sum_xl[j]) / D;
+            const bool positive = this_min > 0;
+            ts[j] = positive ? sum_xl[j] / sum_l2[j] : (sum_w[j] * sum_xl[j] - sum_x[j] * sum_l[j]) / D;
+            tm[j] = positive ? 0 : this_min;
+            take[j] = D > 0; /* and, below, a smaller error */
+        }
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < SEARCH_LANES; j++) {
+                float diff = ts[j] * (float)la[i][j] + tm[j] - xt[i][j];
                 diff = use_mad ? fabsf(diff) : diff * diff;
-                cur_error += w[i] * diff;
+                cur[j] += w[i][j] * diff;
             }
-            if (cur_error < best_error) {
-                memcpy(L, Laux, (size_t)n);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
-            }
+        for (int j = 0; j < SEARCH_LANES; j++) {
+            take[j] &= cur[j] < best[j];
+            best[j] = take[j] ? cur[j] : best[j];
+            sc[j] = take[j] ? ts[j] : sc[j];
+            min[j] = take[j] ? tm[j] : min[j];
         }
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < SEARCH_LANES; j++)
+                lb[i][j] = take[j] ? la[i][j] : lb[i][j];
     }
-    *neg_min = -min;
-    return scale;
+
+    for (int j = 0; j < SEARCH_LANES; j++) {
+        const bool flat = max[j] == min0[j];
+        scale[j] = flat ? 0.0f : sc[j];
+        neg_min[j] = flat ? -min0[j] : -min[j];
+        for (int i = 0; i < n; i++)
+            L[n * j + i] = flat ? 0 : (uint8_t)lb[i][j];
+    }
+}
+
+SB_VECTOR_CLONES static void search_qkx2_q2(const kfmt *f, const float *x, float *scale, float *neg_min, uint8_t *L) {
+    qkx2_lanes(16, true, f, x, scale, neg_min, L);
+}
+
+SB_VECTOR_CLONES static void search_qkx2_q45(const kfmt *f, const float *x, float *scale, float *neg_min,
+                                            uint8_t *L) {
+    qkx2_lanes(32, false, f, x, scale, neg_min, L);
 }
 
 /* The first element of largest magnitude (0 if all are 0). */
@@ -336,69 +405,35 @@ static float signed_absmax(int n, const float *x, float *amax) {
 }
 
 /*
- * make_q3_quants with do_rmse: symmetric quants -nmax..nmax-1 (stored
- * +nmax), weights x^2. Starts from the scale that maps the largest-
- * magnitude element to -nmax, then up to 5 passes move single quants while
- * that raises sumlx^2/suml2 (the least-squares fit). All-zero input gives
- * L = 0 (not nmax) and scale 0, as ggml.
- */
-static float search_q3(int n, int nmax, const float *x, uint8_t *L) {
-    int8_t l8[16];
-    float amax, max = signed_absmax(n, x, &amax);
-    if (amax < GROUP_MAX_EPS) {
-        memset(L, 0, (size_t)n);
-        return 0.0f;
-    }
-    const float iscale = (float)-nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; i++) {
-        l8[i] = (int8_t)clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-        const float w = x[i] * x[i];
-        sumlx += w * x[i] * (float)l8[i];
-        suml2 += w * (float)l8[i] * (float)l8[i];
-    }
-    for (int itry = 0; itry < 5; itry++) {
-        int n_changed = 0;
-        for (int i = 0; i < n; i++) {
-            const float w = x[i] * x[i];
-            float slx = sumlx - w * x[i] * (float)l8[i];
-            if (slx > 0) {
-                float sl2 = suml2 - w * (float)l8[i] * (float)l8[i];
-                const int new_l = clamp_int(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
-                if (new_l != l8[i]) {
-                    slx += w * x[i] * (float)new_l;
-                    sl2 += w * (float)new_l * (float)new_l;
-                    if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
-                        l8[i] = (int8_t)new_l;
-                        sumlx = slx;
-                        suml2 = sl2;
-                        n_changed++;
-                    }
-                }
-            }
-        }
-        if (!n_changed)
-            break;
-    }
-    for (int i = 0; i < n; i++)
-        L[i] = (uint8_t)(l8[i] + nmax);
-    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
-}
-
-/*
  * make_qx_quants with rmse_type 1 and no importance weights, for the 16
  * sub-blocks of 16 elements of a block at once (Q6_K's): symmetric quants
  * -nmax..nmax-1 (stored +nmax), weights x^2. Per sub-block it starts from
  * the scale that maps the largest-magnitude element to -nmax, then tries
  * -(nmax + 0.1*is), is = -9..9, keeping a rounding only if its
  * least-squares fit is better. All-zero input gives L = 0 and scale 0.
- *
- * A sub-block is a vector lane: the loops over sub-blocks j are the inner
- * ones, and each lane does ggml's operations on its sub-block in ggml's
- * order, so every vector width writes ggml's bytes (the search was 90% of
- * quantizing to Q6_K, one sub-block at a time).
+ * (One sub-block at a time, this search was 90% of quantizing to Q6_K.)
  */
-#define QX_N 16 /* sub-blocks per block, and elements per sub-block */
+#define QX_N 16 /* sub-blocks per block, and elements per sub-block (Q3_K's and Q6_K's) */
+_Static_assert(QX_N == SEARCH_LANES, "a Q3_K or Q6_K block is one search");
+
+/* The elements transposed, xt[i][j] = element i of sub-block j, and each
+ * sub-block's first element of largest magnitude, max[j] (0 if all are 0),
+ * and that magnitude, amax[j]. */
+static inline void qx_lanes(const float *x, float xt[restrict QX_N][QX_N], float max[restrict QX_N],
+                            float amax[restrict QX_N]) {
+    for (int i = 0; i < QX_N; i++)
+        for (int j = 0; j < QX_N; j++)
+            xt[i][j] = x[QX_N * j + i];
+    for (int j = 0; j < QX_N; j++)
+        max[j] = amax[j] = 0;
+    for (int i = 0; i < QX_N; i++)
+        for (int j = 0; j < QX_N; j++) {
+            const float ax = fabsf(xt[i][j]);
+            const bool more = ax > amax[j];
+            max[j] = more ? xt[i][j] : max[j];
+            amax[j] = more ? ax : amax[j];
+        }
+}
 
 /* One candidate scale per sub-block: the rounded quants and the weighted
  * sums sum(w*x*l), sum(w*l*l), w = x^2. xt[i][j]: element i of sub-block j. */
@@ -420,20 +455,7 @@ static inline void qx_fit(int nmax, const float xt[restrict QX_N][QX_N], const f
 SB_VECTOR_CLONES static void search_qx(int nmax, const float *x, float scale[QX_N], uint8_t *L) {
     float xt[QX_N][QX_N], max[QX_N], amax[QX_N], iscale[QX_N], sumlx[QX_N], suml2[QX_N], best[QX_N];
     int32_t l[QX_N][QX_N], lt[QX_N][QX_N]; /* int32, not bytes: lanes as wide as the floats' */
-    for (int i = 0; i < QX_N; i++)
-        for (int j = 0; j < QX_N; j++)
-            xt[i][j] = x[QX_N * j + i];
-    /* signed_absmax, lane by lane */
-    for (int j = 0; j < QX_N; j++)
-        max[j] = amax[j] = 0;
-    for (int i = 0; i < QX_N; i++)
-        for (int j = 0; j < QX_N; j++) {
-            const float ax = fabsf(xt[i][j]);
-            const bool more = ax > amax[j];
-            max[j] = more ? xt[i][j] : max[j];
-            amax[j] = more ? ax : amax[j];
-        }
-
+    qx_lanes(x, xt, max, amax);
     for (int j = 0; j < QX_N; j++)
         iscale[j] = (float)-nmax / max[j];
     qx_fit(nmax, xt, iscale, l, sumlx, suml2);
@@ -469,6 +491,52 @@ SB_VECTOR_CLONES static void search_qx(int nmax, const float *x, float scale[QX_
         scale[j] = zero ? 0.0f : scale[j];
         for (int i = 0; i < QX_N; i++)
             L[QX_N * j + i] = zero ? 0 : (uint8_t)lt[i][j];
+    }
+}
+
+/*
+ * make_q3_quants with do_rmse, for the 16 sub-blocks of 16 elements of a
+ * block at once (Q3_K's), a lane each as search_qx: symmetric quants
+ * -nmax..nmax-1 (stored +nmax), weights x^2. Starts from the scale that
+ * maps the largest-magnitude element to -nmax, then up to 5 passes move
+ * single quants while that raises sumlx^2/suml2 (the least-squares fit).
+ * A lane whose pass moved nothing would move nothing in the next either,
+ * so all lanes run until no lane moves, as ggml's loop stops for each.
+ * All-zero input gives L = 0 (not nmax) and scale 0, as ggml.
+ */
+SB_VECTOR_CLONES static void search_q3(int nmax, const float *x, float scale[QX_N], uint8_t *L) {
+    float xt[QX_N][QX_N], max[QX_N], amax[QX_N], iscale[QX_N], sumlx[QX_N], suml2[QX_N];
+    int32_t l[QX_N][QX_N];
+    qx_lanes(x, xt, max, amax);
+    for (int j = 0; j < QX_N; j++)
+        iscale[j] = (float)-nmax / max[j];
+    qx_fit(nmax, xt, iscale, l, sumlx, suml2);
+    for (int itry = 0; itry < 5; itry++) {
+        int32_t moved = 0;
+        for (int i = 0; i < QX_N; i++)
+            for (int j = 0; j < QX_N; j++) {
+                const float xi = xt[i][j], w = xi * xi;
+                const int li = l[i][j];
+                float slx = sumlx[j] - w * xi * (float)li;
+                float sl2 = suml2[j] - w * (float)li * (float)li;
+                const int new_l = clamp_int(nearest_int(xi * sl2 / slx), -nmax, nmax - 1);
+                const int tried = (slx > 0) & (new_l != li); /* &, not &&: no branches */
+                slx += w * xi * (float)new_l;
+                sl2 += w * (float)new_l * (float)new_l;
+                const int take = tried & (sl2 > 0) & (slx * slx * suml2[j] > sumlx[j] * sumlx[j] * sl2);
+                l[i][j] = take ? new_l : li;
+                sumlx[j] = take ? slx : sumlx[j];
+                suml2[j] = take ? sl2 : suml2[j];
+                moved |= take;
+            }
+        if (!moved)
+            break;
+    }
+    for (int j = 0; j < QX_N; j++) {
+        const bool zero = amax[j] < GROUP_MAX_EPS;
+        scale[j] = zero ? 0.0f : suml2[j] > 0.0f ? sumlx[j] / suml2[j] : 0.0f;
+        for (int i = 0; i < QX_N; i++)
+            L[QX_N * j + i] = zero ? 0 : (uint8_t)(l[i][j] + nmax);
     }
 }
 
@@ -560,40 +628,24 @@ static bool encode_scales(const kfmt *f, uint8_t *blk, const float *scales, cons
     return true;
 }
 
-/* Step 1 of quantize_block for the searches that go sub-block by sub-block:
- * the scale (and min) of the n = f->sub elements at xs, and their quants. */
-static void search_sub_block(const kfmt *f, const float *xs, float *scale, float *min, uint8_t *Ls) {
-    if (f->search == SEARCH_Q3) {
-        *scale = search_q3(f->sub, f->bias, xs, Ls);
-        return;
+/* 1. Per sub-block of SEARCH_LANES / nsub consecutive blocks at x: the best
+ *    float scale (and min) and quants for it. */
+static void search_blocks(const kfmt *f, const float *x, float *scales, float *mins, uint8_t *L) {
+    switch (f->search) {
+    case SEARCH_QX: search_qx(f->bias, x, scales, L); break;
+    case SEARCH_QKX2:
+        SB_ASSERT(f->use_mad == (f->sub == 16)); /* Q2_K, or Q4_K and Q5_K */
+        (f->use_mad ? search_qkx2_q2 : search_qkx2_q45)(f, x, scales, mins, L);
+        break;
+    case SEARCH_Q3: search_q3(f->bias, x, scales, L); break;
     }
-    float w[32];
-    if (f->use_mad) { /* Q2_K: weights |x| */
-        for (int i = 0; i < f->sub; i++)
-            w[i] = fabsf(xs[i]);
-    } else { /* Q4_K, Q5_K: weights rms(x) + |x| */
-        float sum_x2 = 0;
-        for (int i = 0; i < f->sub; i++)
-            sum_x2 += xs[i] * xs[i];
-        const float av_x = sqrtf(sum_x2 / (float)f->sub);
-        for (int i = 0; i < f->sub; i++)
-            w[i] = av_x + fabsf(xs[i]);
-    }
-    *scale = search_qkx2(f->sub, f->qmax, xs, w, Ls, min, f->rmin, f->nstep, f->use_mad);
 }
 
-static void quantize_block(const kfmt *f, const float *x, uint8_t *blk) {
+/* 2-4. One block from its sub-blocks' search results; L is overwritten. */
+static void finish_block(const kfmt *f, const float *x, const float *scales, const float *mins, uint8_t *L,
+                         uint8_t *blk) {
     const int nsub = SB_QK_K / f->sub;
-    uint8_t L[SB_QK_K];
-    float scales[NSUB_MAX], mins[NSUB_MAX] = {0};
     memset(blk, 0, f->size);
-
-    /* 1. Per sub-block: the best float scale (and min) and quants for it. */
-    if (f->search == SEARCH_QX)
-        search_qx(f->bias, x, scales, L); /* every sub-block at once */
-    else
-        for (int j = 0; j < nsub; j++)
-            search_sub_block(f, x + f->sub * j, &scales[j], &mins[j], L + f->sub * j);
 
     /* 2. Quantize the scales; Q6_K blocks of negligible scale stay all zero. */
     if (!encode_scales(f, blk, scales, mins))
@@ -617,10 +669,29 @@ static void quantize_block(const kfmt *f, const float *x, uint8_t *blk) {
     pack_quants(f, blk, L);
 }
 
+/* Blocks are searched SEARCH_LANES sub-blocks at a time (two blocks of
+ * Q4_K or Q5_K, one of the others); a row's odd last block is searched
+ * beside zeros, whose results are dropped. */
 static void quantize(const kfmt *f, const float *src, void *dst, int64_t n) {
-    uint8_t *blk = dst;
-    for (int64_t b = 0; b < n / SB_QK_K; b++, blk += f->size, src += SB_QK_K)
-        quantize_block(f, src, blk);
+    const int nsub = SB_QK_K / f->sub, per = SEARCH_LANES / nsub;
+    const int64_t nb = n / SB_QK_K;
+    float pad[2 * SB_QK_K], scales[SEARCH_LANES], mins[SEARCH_LANES];
+    uint8_t L[2 * SB_QK_K];
+    SB_ASSERT(per >= 1 && per <= 2 && per * nsub == SEARCH_LANES);
+    for (int64_t b = 0; b < nb; b += per) {
+        const int here = nb - b < per ? (int)(nb - b) : per;
+        const float *x = src + b * SB_QK_K;
+        if (here < per) {
+            memcpy(pad, x, (size_t)here * SB_QK_K * sizeof(float));
+            memset(pad + here * SB_QK_K, 0, (size_t)(per - here) * SB_QK_K * sizeof(float));
+            x = pad;
+        }
+        memset(mins, 0, sizeof(mins));
+        search_blocks(f, x, scales, mins, L);
+        for (int k = 0; k < here; k++)
+            finish_block(f, x + k * SB_QK_K, scales + k * nsub, mins + k * nsub, L + k * SB_QK_K,
+                         (uint8_t *)dst + (size_t)(b + k) * f->size);
+    }
 }
 
 void sb__q2_K_from_float_ref(const float *src, void *dst, int64_t n) { quantize(&fmt_q2_K, src, dst, n); }

@@ -26,18 +26,19 @@ static float f32_from_bits(uint32_t u) {
     return f;
 }
 
-float sb_fp16_to_fp32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f;
-    uint32_t mant = h & 0x3ff;
-    if (exp == 0x1f) /* inf, or NaN made quiet as F16C does */
-        return f32_from_bits(sign | 0x7f800000 | (mant << 13) | (mant ? 0x400000 : 0));
-    if (exp == 0) { /* zero or subnormal: mant units of 2^-24, exact in float */
-        float v = (float)mant * 0x1p-24f;
-        return sign ? -v : v;
-    }
-    return f32_from_bits(sign | ((exp + 112) << 23) | (mant << 13));
+/* Branch-free (the three cases computed, one selected), so that loops of it
+ * vectorise. */
+static inline float fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    /* inf, or NaN made quiet as F16C does */
+    const uint32_t special = sign | 0x7f800000 | (mant << 13) | (mant ? 0x400000 : 0);
+    /* zero or subnormal: mant units of 2^-24, exact in float */
+    const uint32_t small = sign | f32_bits((float)mant * 0x1p-24f);
+    const uint32_t normal = sign | ((exp + 112) << 23) | (mant << 13);
+    return f32_from_bits(exp == 0x1f ? special : exp == 0 ? small : normal);
 }
+
+float sb_fp16_to_fp32(uint16_t h) { return fp16_to_fp32(h); }
 
 /* Drops the low `shift` bits of m, rounding to nearest, ties to even. */
 static uint32_t shift_round_even(uint32_t m, unsigned shift) {
@@ -80,10 +81,10 @@ void sb__f32_to_float(const void *src, float *dst, int64_t n) { memcpy(dst, src,
 
 void sb__f32_from_float(const float *src, void *dst, int64_t n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
 
-void sb__f16_to_float(const void *src, float *dst, int64_t n) {
+SB_VECTOR_CLONES void sb__f16_to_float(const void *src, float *dst, int64_t n) {
     const uint16_t *h = src;
     for (int64_t i = 0; i < n; i++)
-        dst[i] = sb_fp16_to_fp32(h[i]);
+        dst[i] = fp16_to_fp32(h[i]);
 }
 
 void sb__f16_from_float(const float *src, void *dst, int64_t n) {
