@@ -81,11 +81,14 @@ void sb__f32_to_float(const void *src, float *dst, int64_t n) { memcpy(dst, src,
 
 void sb__f32_from_float(const float *src, void *dst, int64_t n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
 
-SB_VECTOR_CLONES void sb__f16_to_float(const void *src, float *dst, int64_t n) {
-    const uint16_t *h = src;
+/* Static: gcc exports the resolver of a cloned function whatever the
+ * visibility, and the library exports only switchboard.h's functions. */
+SB_VECTOR_CLONES static void f16_row_to_float(const uint16_t *h, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         dst[i] = fp16_to_fp32(h[i]);
 }
+
+void sb__f16_to_float(const void *src, float *dst, int64_t n) { f16_row_to_float(src, dst, n); }
 
 void sb__f16_from_float(const float *src, void *dst, int64_t n) {
     uint16_t *h = dst;
