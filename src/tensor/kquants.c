@@ -258,6 +258,13 @@ static int clamp_int(int v, int lo, int hi) {
  * with the 8 sub-blocks of one block.) */
 #define SEARCH_LANES 16
 
+/* xt[i][j] = element i of the j-th of SEARCH_LANES sub-blocks of n elements at x. */
+static inline void lanes_of(int n, const float *x, float xt[][SEARCH_LANES]) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < SEARCH_LANES; j++)
+            xt[i][j] = x[n * j + i];
+}
+
 /*
  * make_qkx2_quants, with the weights ggml gives it (|x| for Q2_K; for Q4_K
  * and Q5_K rms(x) + |x|, the rms over the sub-block), for 16 sub-blocks
@@ -283,9 +290,7 @@ static inline __attribute__((always_inline)) void qkx2_lanes(const int n, const 
     float min[SEARCH_LANES], max[SEARCH_LANES], sum_w[SEARCH_LANES], sum_x[SEARCH_LANES], iscale[SEARCH_LANES],
         sc[SEARCH_LANES], best[SEARCH_LANES], min0[SEARCH_LANES];
     const int nmax = f->qmax;
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < SEARCH_LANES; j++)
-            xt[i][j] = x[n * j + i];
+    lanes_of(n, x, xt);
     if (use_mad) {
         for (int i = 0; i < n; i++)
             for (int j = 0; j < SEARCH_LANES; j++)
@@ -421,9 +426,7 @@ _Static_assert(QX_N == SEARCH_LANES, "a Q3_K or Q6_K block is one search");
  * and that magnitude, amax[j]. */
 static inline void qx_lanes(const float *x, float xt[restrict QX_N][QX_N], float max[restrict QX_N],
                             float amax[restrict QX_N]) {
-    for (int i = 0; i < QX_N; i++)
-        for (int j = 0; j < QX_N; j++)
-            xt[i][j] = x[QX_N * j + i];
+    lanes_of(QX_N, x, xt);
     for (int j = 0; j < QX_N; j++)
         max[j] = amax[j] = 0;
     for (int i = 0; i < QX_N; i++)

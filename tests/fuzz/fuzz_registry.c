@@ -35,8 +35,10 @@ static void remove_scratch(void) {
 
 static void make_scratch(void) {
     snprintf(scratch, sizeof(scratch), "/tmp/fuzz-registry-XXXXXX");
-    if (!mkdtemp(scratch))
+    if (!mkdtemp(scratch)) {
+        perror("fuzz_registry: cannot create its scratch directory /tmp/fuzz-registry-XXXXXX");
         abort();
+    }
     snprintf(model_path, sizeof(model_path), "%s/m.gguf", scratch);
     FILE *f = fopen(model_path, "w");
     if (f)
