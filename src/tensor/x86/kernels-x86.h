@@ -924,15 +924,19 @@ SBX_ALWAYS void qb_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t
             wq[k] = vi_and(v[k], m4);
             wq[4 + k] = qb_high_nibbles(v[k], m4, gfni);
         }
+        /* The tokens' sums are T chains of 8 dependent products each; issued
+         * product k of every token, then k + 1, they overlap without relying
+         * on the out-of-order window to reach the next token's chain. */
+        vi s[QB_T];
+        SBX_UNROLL for (int t = 0; t < T; t++)
+            s[t] = vi_set1_32(load_i32(xc + t * xcs + (size_t)b * QB_XB));
+        SBX_UNROLL for (int k = 0; k < 8; k++)
+            SBX_UNROLL for (int t = 0; t < T; t++)
+                s[t] = qb_dot4(s[t], wq[k], x + t * xs + (size_t)b * sizeof(sb_block_q8_0) + 2 + 4 * k);
         SBX_UNROLL for (int t = 0; t < T; t++) {
-            const uint8_t *xq = x + t * xs + (size_t)b * sizeof(sb_block_q8_0) + 2;
-            const uint8_t *c = xc + t * xcs + (size_t)b * QB_XB;
             float dx;
-            memcpy(&dx, c + 4, sizeof(dx));
-            vi s = vi_set1_32(load_i32(c));
-            SBX_UNROLL for (int k = 0; k < 8; k++)
-                s = qb_dot4(s, wq[k], xq + 4 * k);
-            acc[t] = vf_fma(vf_sub(vi_as_vf(s), magic), vf_mul(dw, vf_set1(dx)), acc[t]);
+            memcpy(&dx, xc + t * xcs + (size_t)b * QB_XB + 4, sizeof(dx));
+            acc[t] = vf_fma(vf_sub(vi_as_vf(s[t]), magic), vf_mul(dw, vf_set1(dx)), acc[t]);
         }
     }
     SBX_UNROLL for (int t = 0; t < T; t++) {
