@@ -105,7 +105,15 @@ void sb__load_run(void *(*fn)(void *part), void *parts, size_t part_size, int n)
  * outside the kernel tables (the sampler's passes over the vocabulary, the
  * model's norms). Every version does the same operations in the same order,
  * so they give the same bytes as long as nothing contracts into an FMA. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(SB_VECTOR_CLONE_LEVEL)
+/* One version only, chosen at build time: how tests/unit/test_vector_clones.c
+ * runs the versions this CPU would not pick (1: the baseline, 2: AVX2). */
+#if SB_VECTOR_CLONE_LEVEL == 2
+#define SB_VECTOR_CLONES __attribute__((target("avx2")))
+#else
+#define SB_VECTOR_CLONES
+#endif
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define SB_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define SB_VECTOR_CLONES
