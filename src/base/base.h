@@ -104,7 +104,10 @@ void sb__load_run(void *(*fn)(void *part), void *parts, size_t part_size, int n)
  * program loads (gcc's function multi-versioning): for element-wise work
  * outside the kernel tables (the sampler's passes over the vocabulary, the
  * model's norms). Every version does the same operations in the same order,
- * so they give the same bytes as long as nothing contracts into an FMA. */
+ * so they give the same bytes as long as nothing contracts into an FMA
+ * (test_vector_clones checks it: a file that starts using this joins its
+ * SB_CLONED_SOURCES in tests/CMakeLists.txt, and what it computes joins the
+ * test's digests). */
 #if defined(SB_VECTOR_CLONE_LEVEL)
 /* One version only, chosen at build time: how tests/unit/test_vector_clones.c
  * runs the versions this CPU would not pick (1: the baseline, 2: AVX2). */
