@@ -223,6 +223,13 @@ static void test_every_version_gives_the_same_bytes(void **state) {
     snprintf(paths, sizeof(paths), "%s", env);
     int probes = 0;
     for (char *save = NULL, *path = strtok_r(paths, ":", &save); path; path = strtok_r(NULL, ":", &save)) {
+#if defined(__x86_64__) && defined(__GNUC__)
+        /* a CPU without AVX2 cannot run that probe (nor pick that version) */
+        if (strstr(path, "level2") && !__builtin_cpu_supports("avx2")) {
+            probes++;
+            continue;
+        }
+#endif
         run_probe(path, &theirs);
         if (theirs.n != mine.n)
             fail_msg("%s printed %d digests, this test computes %d", path, theirs.n, mine.n);
