@@ -631,8 +631,8 @@ static bool encode_scales(const kfmt *f, uint8_t *blk, const float *scales, cons
     return true;
 }
 
-/* 1. Per sub-block of SEARCH_LANES / nsub consecutive blocks at x: the best
- *    float scale (and min) and quants for it. */
+/* 1. For each sub-block of the SEARCH_LANES / nsub consecutive blocks at x:
+ *    the best float scale (and min) and quants for it. */
 static void search_blocks(const kfmt *f, const float *x, float *scales, float *mins, uint8_t *L) {
     switch (f->search) {
     case SEARCH_QX: search_qx(f->bias, x, scales, L); break;
