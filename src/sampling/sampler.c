@@ -221,37 +221,46 @@ static void apply_penalties(sb_sampler_t *s) {
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 
-/* The largest of v[0..n) (n > 0, no NaN), in 16 independent running maxima
- * (one chain would wait on every comparison; gcc does not vectorise a float
- * max reduction by itself). Inlined, so it takes its caller's vector width. */
-static inline float max_of(const float *v, size_t n) {
-    f32x16 m;
-    for (int j = 0; j < 16; j++)
-        m[j] = v[0];
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        f32x16 x;
-        memcpy(&x, v + i, sizeof(x));
-        const i32x16 gt = x > m;
-        m = (f32x16)((gt & (i32x16)x) | (~gt & (i32x16)m));
-    }
-    float best = m[0];
-    for (int j = 1; j < 16; j++)
-        best = m[j] > best ? m[j] : best;
-    for (; i < n; i++)
-        best = v[i] > best ? v[i] : best;
-    return best;
-}
-
 /* dst[i] = src[i] tamed (dst may be src): NaN becomes -inf (banned, like a
  * masked token) and +inf the largest float, which still wins but keeps
- * softmax arithmetic finite. Returns the largest tamed value. The copy and
- * the taming are one pass, since the logits arrive from the other threads'
- * caches; the maximum then reads the copy from this core's cache. */
+ * softmax arithmetic finite. Returns the largest tamed value. The copy, the
+ * taming and the maximum are one pass, since the logits arrive from the
+ * other threads' caches (a second pass for the maximum: 24 us per
+ * 32,000-token draw against 22), with two running maxima of 16 lanes each
+ * (one waits on every comparison; gcc does not vectorise a float max
+ * reduction by itself). */
+static inline float tamed(float x) { return x != x ? -INFINITY : x == INFINITY ? FLT_MAX : x; }
+
 SB_VECTOR_CLONES static float tame_max(float *dst, const float *src, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        dst[i] = src[i] != src[i] ? -INFINITY : src[i] == INFINITY ? FLT_MAX : src[i];
-    return max_of(dst, n);
+    f32x16 neg_inf, inf, big;
+    for (int j = 0; j < 16; j++) {
+        neg_inf[j] = -INFINITY;
+        inf[j] = INFINITY;
+        big[j] = FLT_MAX;
+    }
+    f32x16 m[2] = {neg_inf, neg_inf};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int h = 0; h < 2; h++) {
+            f32x16 x;
+            memcpy(&x, src + i + 16 * h, sizeof(x));
+            const i32x16 nan = x != x, pinf = x == inf;
+            x = (f32x16)((nan & (i32x16)neg_inf) | (~nan & (i32x16)x));
+            x = (f32x16)((pinf & (i32x16)big) | (~pinf & (i32x16)x));
+            memcpy(dst + i + 16 * h, &x, sizeof(x));
+            const i32x16 gt = x > m[h];
+            m[h] = (f32x16)((gt & (i32x16)x) | (~gt & (i32x16)m[h]));
+        }
+    float best = -INFINITY;
+    for (int j = 0; j < 16; j++) {
+        best = m[0][j] > best ? m[0][j] : best;
+        best = m[1][j] > best ? m[1][j] : best;
+    }
+    for (; i < n; i++) {
+        dst[i] = tamed(src[i]);
+        best = dst[i] > best ? dst[i] : best;
+    }
+    return best;
 }
 
 /* The first i with v[i] == x (x is in v), a block of 64 at a time (one
@@ -475,14 +484,17 @@ static inline float exp_nonpositive(float x) {
  * total over blocks in order; the draw walks the blocks, then the one it
  * lands in. Rounding can leave the walk short of u: then the last weighted
  * token of that block (or of all) wins. */
-/* The weights and per-block sums of draw(). */
+/* The weights and per-block sums of draw(): all the weights first, whose
+ * exponentials are independent, then the sums (the exponentials block by
+ * block, each block's ahead of its sums: 28 us per 32,000-token draw
+ * against 24). */
 SB_VECTOR_CLONES static double weigh_blocks(float *w, size_t n, float max, float inv_t, double *block_sums) {
     const size_t n_blocks = (n + DRAW_BLOCK - 1) / DRAW_BLOCK;
+    for (size_t i = 0; i < n; i++)
+        w[i] = exp_nonpositive((w[i] - max) * inv_t);
     double total = 0.0;
     for (size_t b = 0; b < n_blocks; b++) {
         const size_t i0 = b * DRAW_BLOCK, i1 = i0 + DRAW_BLOCK < n ? i0 + DRAW_BLOCK : n;
-        for (size_t i = i0; i < i1; i++)
-            w[i] = exp_nonpositive((w[i] - max) * inv_t);
         /* Lane j sums w[i0 + j], w[i0 + 8 + j], ... in double: 8 lanes as one vector. */
         typedef float f32x8 __attribute__((vector_size(32)));
         typedef double f64x8 __attribute__((vector_size(64)));

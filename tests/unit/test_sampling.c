@@ -563,6 +563,25 @@ static void test_nan_and_inf_logits(void **state) {
     histogram(s, with_inf, 5, 200, counts);
     assert_drawn_set(counts, (const int[]){0, 1, 0, 0, 0}, 5);
     sb_sampler_free(s);
+
+    /* the same where the vector loops reach them (above, 5 tokens take the
+     * scalar tail alone): two +inf among NaN and finite logits at 40.. */
+    enum { WIDE = 100 };
+    float wide[WIDE];
+    int wide_counts[WIDE], wide_allowed[WIDE] = {0};
+    for (int i = 0; i < WIDE; i++)
+        wide[i] = i % 7 == 0 ? NAN : (float)(i % 5);
+    memcpy(wide + 40, two_inf, sizeof(two_inf));
+    wide_allowed[40] = wide_allowed[42] = 1;
+    p = plain_params();
+    s = make_sampler(&p, WIDE);
+    histogram(s, wide, WIDE, 500, wide_counts);
+    assert_drawn_set(wide_counts, wide_allowed, WIDE);
+    sb_sampler_free(s);
+    p.temperature = 0.0f;
+    s = make_sampler(&p, WIDE);
+    assert_int_equal(sb_sampler_sample(s, wide), 40);
+    sb_sampler_free(s);
 }
 
 /* ---- parameters and memory --------------------------------------------- */
