@@ -1,13 +1,15 @@
 /*
- * roofline.c - this machine's two ceilings for inference: memory read
- * bandwidth (decode streams every weight once per token) and FMA
- * throughput (prompt processing is arithmetic). Prints both for 1..N
+ * roofline.c - this machine's ceilings for inference: memory read
+ * bandwidth (decode streams every weight once per token), FP32 FMA
+ * throughput and int8 VNNI throughput (prompts and batches are arithmetic:
+ * the quantized formats' products are vpdpbusd). Prints them for 1..N
  * threads; docs/PERFORMANCE.md derives each benchmark file's bound from them.
  *
  *   bench/roofline [threads]     (build: part of the CMake build, bench_roofline)
  */
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +70,25 @@ __attribute__((target("avx512f"))) static void *fma_loop(void *arg) {
     return NULL;
 }
 
+/* Independent vpdpbusd chains on 512-bit vectors: 64 int8 multiply-adds
+ * each, the quantized kernels' inner operation. */
+__attribute__((target("avx512f,avx512vnni"))) static void *vnni_loop(void *arg) {
+    job *j = arg;
+    pthread_barrier_wait(j->start);
+    __m512i acc[16];
+    for (int k = 0; k < 16; k++)
+        acc[k] = _mm512_set1_epi32(k);
+    const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-5);
+    for (size_t i = 0; i < j->n; i++)
+        for (int k = 0; k < 16; k++)
+            acc[k] = _mm512_dpbusd_epi32(acc[k], a, b);
+    __m512i s = acc[0];
+    for (int k = 1; k < 16; k++)
+        s = _mm512_add_epi32(s, acc[k]);
+    j->sink = (uint64_t)_mm512_reduce_add_epi32(s);
+    return NULL;
+}
+
 static double run(int n_threads, void *(*fn)(void *), const __m256i *buf, size_t n_per_thread, int passes) {
     pthread_t t[64];
     job jobs[64];
@@ -104,9 +125,12 @@ int main(int argc, char **argv) {
     if (!buf)
         return 1;
     memset(buf, 1, BUF_BYTES);
-    printf("medians of %d runs\nthreads  read GB/s (1 GiB)  read GB/s (64 MiB, repeated)  FP32 FMA GFLOP/s\n", REPS);
+    const bool vnni = __builtin_cpu_supports("avx512vnni");
+    printf("medians of %d runs\nthreads  read GB/s (1 GiB)  read GB/s (64 MiB, repeated)  FP32 FMA GFLOP/s  "
+           "int8 VNNI GOP/s\n",
+           REPS);
     for (int nt = 1; nt <= max_threads; nt++) {
-        double bw[REPS], hot[REPS], fl[REPS];
+        double bw[REPS], hot[REPS], fl[REPS], iop[REPS];
         size_t per = BUF_BYTES / 32 / (size_t)nt, hot_per = HOT_BYTES / 32 / (size_t)nt;
         size_t iters = 20000000;
         run(nt, read_stream, buf, hot_per, 1); /* warm the small buffer */
@@ -114,11 +138,17 @@ int main(int argc, char **argv) {
             bw[r] = (double)per * 32 * nt / run(nt, read_stream, buf, per, 1) / 1e9;
             hot[r] = (double)hot_per * 32 * nt * 16 / run(nt, read_stream, buf, hot_per, 16) / 1e9;
             fl[r] = (double)iters * 16 * 16 * 2 * nt / run(nt, fma_loop, NULL, iters, 1) / 1e9;
+            iop[r] = vnni ? (double)iters * 16 * 64 * 2 * nt / run(nt, vnni_loop, NULL, iters, 1) / 1e9 : 0;
         }
         qsort(bw, REPS, sizeof(double), cmp_double);
         qsort(hot, REPS, sizeof(double), cmp_double);
         qsort(fl, REPS, sizeof(double), cmp_double);
-        printf("%7d  %16.1f  %28.1f  %16.1f\n", nt, bw[REPS / 2], hot[REPS / 2], fl[REPS / 2]);
+        qsort(iop, REPS, sizeof(double), cmp_double);
+        printf("%7d  %16.1f  %28.1f  %16.1f  ", nt, bw[REPS / 2], hot[REPS / 2], fl[REPS / 2]);
+        if (vnni)
+            printf("%15.1f\n", iop[REPS / 2]);
+        else
+            printf("%15s\n", "-");
     }
     free(buf);
     return 0;
