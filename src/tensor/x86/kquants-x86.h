@@ -388,7 +388,8 @@ SBX_ALWAYS void kq_run_biases(const int8_t *qs, uint8_t *out) {
 #else
     SBX_UNROLL for (int k = 0; k < 8; k++) {
         const __m256i sums = _mm256_sad_epu8(_mm256_xor_si256(vi_loadu(qs + 32 * k), flip), _mm256_setzero_si256());
-        const __m128i s = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(sums, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
+        const __m256i low_dwords = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+        const __m128i s = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(sums, low_dwords));
         _mm_storeu_si128((__m128i *)(out + 16 * k), _mm_slli_epi32(_mm_sub_epi32(_mm_set1_epi32(8 * 128), s), 5));
     }
 #endif
