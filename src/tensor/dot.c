@@ -4,7 +4,7 @@
  *
  * Float formats follow the lane order of ggml's AVX-512 kernels (see
  * dot_float), block formats that of its x86 kernels (see dot_blocks, and
- * Q4_0's whole-block order below). They
+ * Q4_0's and Q8_0's whole-block order below). They
  * are the scalar level of the kernel dispatch and the oracle that the SIMD
  * kernels are tested against (bit for bit), so they stay plain.
  */
@@ -97,18 +97,21 @@ static float dot_blocks(const sb__qfmt *wf, const sb__qfmt *xf, int64_t n, const
     return ((r0 + r2) + (r1 + r3)) + mins;
 }
 
-/* Q4_0 accumulates the way llama.cpp's x86 backend actually runs it: it
- * repacks Q4_0 matrices (rows a multiple of 8) on load and multiplies them
- * with kernels that sum each block's products exactly into one integer and
- * add it with one fused multiply-add per block, acc = fma(sum, d_w*d_x, acc),
- * one accumulator per (row, token) and no reduction at the end. That order
- * also lets SIMD kernels put one row in each lane (one conversion and one
- * fma per block serve 16 rows), which makes batched products far cheaper
- * than the lane order above. */
-float sb__q4_0_block_fma(const uint8_t *w, const uint8_t *x, float acc) {
+/* Q4_0 and Q8_0 accumulate the way llama.cpp's x86 backend actually runs
+ * them: it repacks such matrices on load (Q4_0 into 8-row groups for its
+ * AVX2 gemv, Q8_0 into its AMX layout where the CPU has AMX) and sums each
+ * block's products exactly into one integer, added with one multiply-add
+ * per block, acc = fma(sum, d_w*d_x, acc), one accumulator per (row, token)
+ * and no reduction at the end (Q4_0: bit for bit its AVX2 gemv; Q8_0: the
+ * same kind of order as its AMX kernel, whose exact float order we do not
+ * reproduce). That order also lets SIMD kernels put one row in each lane (one
+ * conversion and one fma per block serve 16 rows), and lets an AMX tile sum
+ * a block for 16 rows and 16 tokens at once, which makes batched products
+ * far cheaper than the lane order above. */
+float sb__block_fma(const sb__qfmt *wf, const uint8_t *w, const uint8_t *x, float acc) {
     int8_t wq[SB_QK], xq[SB_QK];
     float dw, dx, unused;
-    sb__block_unpack(&sb__qfmt_q4_0, w, wq, &dw, &unused);
+    sb__block_unpack(wf, w, wq, &dw, &unused);
     sb__block_unpack(&sb__qfmt_q8_0, x, xq, &dx, &unused);
     int sumi = 0;
     for (int e = 0; e < SB_QK; e++)
@@ -116,12 +119,16 @@ float sb__q4_0_block_fma(const uint8_t *w, const uint8_t *x, float acc) {
     return fmaf((float)sumi, dw * dx, acc);
 }
 
-float sb__vec_dot_q4_0_q8_0_ref(int64_t n, const void *w, const void *x) {
+static float dot_whole_blocks(const sb__qfmt *wf, int64_t n, const void *w, const void *x) {
     const uint8_t *wb = w, *xb = x;
     float acc = 0.0f;
-    for (int64_t b = 0; b < n / SB_QK; b++, wb += sb__qfmt_q4_0.size, xb += sb__qfmt_q8_0.size)
-        acc = sb__q4_0_block_fma(wb, xb, acc);
+    for (int64_t b = 0; b < n / SB_QK; b++, wb += wf->size, xb += sb__qfmt_q8_0.size)
+        acc = sb__block_fma(wf, wb, xb, acc);
     return acc;
+}
+
+float sb__vec_dot_q4_0_q8_0_ref(int64_t n, const void *w, const void *x) {
+    return dot_whole_blocks(&sb__qfmt_q4_0, n, w, x);
 }
 
 float sb__vec_dot_q4_1_q8_1_ref(int64_t n, const void *w, const void *x) {
@@ -137,5 +144,5 @@ float sb__vec_dot_q5_1_q8_1_ref(int64_t n, const void *w, const void *x) {
 }
 
 float sb__vec_dot_q8_0_q8_0_ref(int64_t n, const void *w, const void *x) {
-    return dot_blocks(&sb__qfmt_q8_0, &sb__qfmt_q8_0, n, w, x);
+    return dot_whole_blocks(&sb__qfmt_q8_0, n, w, x);
 }

@@ -88,8 +88,9 @@
 #define FKB 512 /* elements per sweep of a multi-sweep float tile (a multiple of 64) */
 #endif
 
-/* The formats, as compile-time constants of the tile functions. */
-/* Q4_0 has its own kernel (gemm_q4_0), outside this scheme. */
+/* The formats, as compile-time constants of the tile functions. Q4_0 and
+ * Q8_0 have their own kernels (qb_gemm), outside this scheme; F_Q8_0 names
+ * the KV cache's rows for axpy. */
 typedef enum { F_F32, F_F16, F_BF16, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0 } fmt;
 
 SBX_ALWAYS bool is_float(fmt f) { return f <= F_BF16; }
@@ -311,19 +312,13 @@ static uint8_t *scratch_area(int i, size_t bytes) {
 }
 
 
-SBX_ALWAYS size_t q_wsize(fmt f) {
-    return f == F_Q4_1 ? 20 : f == F_Q5_0 ? 22 : f == F_Q5_1 ? 24 : 34;
-}
+SBX_ALWAYS size_t q_wsize(fmt f) { return f == F_Q4_1 ? 20 : f == F_Q5_0 ? 22 : 24; }
 SBX_ALWAYS size_t q_xsize(fmt f) { return has_min(f) ? sizeof(sb_block_q8_1) : sizeof(sb_block_q8_0); }
 
 /* The weight quants are handled unsigned (0..2^bits-1) and the format's bias
  * taken off as bias * (sum of the activation's 4 bytes per lane), which is
- * exact. Q8_0 is stored signed: AVX-512 flips its sign bit (q + 128, bias
- * 128); AVX2's maddubs would saturate on that, so there Q8_0 uses
- * |w| * (x with w's sign), exact for activations in [-127, 127]. */
-SBX_ALWAYS int q_bias(fmt f) {
-    return f == F_Q5_0 ? 16 : f == F_Q8_0 && SBX_AVX512 ? 128 : 0;
-}
+ * exact. */
+SBX_ALWAYS int q_bias(fmt f) { return f == F_Q5_0 ? 16 : 0; }
 
 /* Elements 0..15 from the low nibbles of qs, 16..31 from the high ones: the
  * 16 bytes in both halves (a load, no shuffle port), the upper half shifted
@@ -353,8 +348,7 @@ SBX_ALWAYS __m256i fifth_bits(const uint8_t *qh) {
 }
 
 typedef struct {
-    __m256i q; /* quants as the level's pair_dot wants them */
-    __m256i s; /* AVX2 Q8_0: the signed quants (for the sign trick) */
+    __m256i q; /* quants, unsigned */
     __m256 d;  /* scale, broadcast */
     __m128 m;  /* min (Q4_1, Q5_1), broadcast */
 } wblock;
@@ -366,19 +360,8 @@ SBX_ALWAYS wblock w_decode(fmt f, const uint8_t *b) {
     switch (f) {
     case F_Q4_1: o.q = nibbles(b + 4); break;
     case F_Q5_0: o.q = _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)); break;
-    case F_Q5_1: o.q = _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); break;
-    default: {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2));
-#if SBX_AVX512
-        o.q = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
-#else
-        o.q = _mm256_abs_epi8(v);
-#endif
-        o.s = v;
-        return o;
+    default: o.q = _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); break;
     }
-    }
-    o.s = o.q;
     return o;
 }
 
@@ -410,8 +393,6 @@ SBX_ALWAYS __m256i pair_dot(fmt f, const wblock *w, const xblock *x) {
     return _mm256_dpbusd_epi32(x->nb, w->q, x->q);
 #else
     const __m256i ones = _mm256_set1_epi16(1);
-    if (f == F_Q8_0)
-        return _mm256_madd_epi16(_mm256_maddubs_epi16(w->q, _mm256_sign_epi8(x->q, w->s)), ones);
     __m256i p = _mm256_maddubs_epi16(w->q, x->q); /* pairs: |.| <= 2*31*128, no saturation */
     if (q_bias(f))
         p = _mm256_sub_epi16(p, x->nb);
@@ -710,24 +691,33 @@ SBX_ALWAYS bool fg_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
 }
 #endif
 
-/* ==== Q4_0: one weight row per lane ===================================== */
+/* ==== Q4_0 and Q8_0: one weight row per lane ============================ */
 
-/* Q4_0's reference (dot.c) sums each block's products into one integer and
+/* Their reference (dot.c) sums each block's products into one integer and
  * adds it with one fma per (row, token) pair: acc = fma(sum, d_w*d_x, acc).
  * So a vector lane can hold a whole row: a tile of QB_R rows (16 on AVX-512,
  * 8 on AVX2) is transposed block by block into 8 vectors, vector k holding
- * for every row the 4 quant bytes of elements 4k..4k+3 (k < 4: the low
+ * for every row the 4 quant bytes of elements 4k..4k+3 (Q4_0, k < 4: the low
  * nibbles of qs bytes 4k..4k+3; k >= 4: their high nibbles, elements
- * 16+4(k-4)..), and a token's block is 8 multiply-adds of those vectors with
- * its activation bytes 4k..4k+3 broadcast, then one conversion, one scale
- * product and one fma for all QB_R rows. The transposition serves up to QB_T
- * tokens, so one token (decode) and many (batches, prompts) share the code.
+ * 16+4(k-4)..; Q8_0: qs bytes 4k..4k+3), and a token's block is 8
+ * multiply-adds of those vectors with its activation bytes 4k..4k+3
+ * broadcast, then one conversion, one scale product and one fma for all QB_R
+ * rows. The transposition serves up to QB_T tokens, so one token (decode)
+ * and many (batches, prompts) share the code.
  *
- * The quants are taken unsigned (0..15) and the -8 folded into the integer
- * sum's starting value, -8 * (sum of the token's 32 quants), exact. That
- * value also carries QS_MAGIC (see qs_gemm) so that one float subtraction
- * turns the sum into a float. Both are prepared once per call and token, with
- * d_x as a float, in QB_XB bytes per block. */
+ * The quants are taken unsigned and the bias folded into the integer sum's
+ * starting value, -bias * (sum of the token's 32 quants), exact: Q4_0's
+ * nibbles (0..15, bias 8); Q8_0's bytes with their sign bit flipped on
+ * AVX-512 (q + 128, bias 128). AVX2's maddubs would saturate on those, so
+ * there Q8_0 keeps its signed bytes and multiplies |w| by x with w's sign
+ * (exact for activations in [-127, 127], which is what act_q8_0 makes).
+ * The starting value also carries QS_MAGIC (see qs_gemm) so that one float
+ * subtraction turns the sum into a float. Both are prepared once per call
+ * and token, with d_x as a float, in QB_XB bytes per block. */
+typedef enum { QB_Q4_0, QB_Q8_0 } qbf; /* the weight format */
+
+SBX_ALWAYS size_t qb_wsize(qbf f) { return f == QB_Q4_0 ? sizeof(sb_block_q4_0) : sizeof(sb_block_q8_0); }
+SBX_ALWAYS int qb_bias(qbf f) { return f == QB_Q4_0 ? 8 : SBX_AVX512 ? 128 : 0; }
 #if SBX_AVX512
 typedef __m512i vi;
 #define QB_R 16
@@ -776,9 +766,9 @@ SBX_ALWAYS int32_t q8_block_sum(const uint8_t *q) {
     return _mm_cvtsi128_si32(t) - 32 * 128;
 }
 
-SBX_ALWAYS void qb_prepare(const uint8_t *x, int64_t nb, uint8_t *dst) {
+SBX_ALWAYS void qb_prepare(qbf f, const uint8_t *x, int64_t nb, uint8_t *dst) {
     for (int64_t b = 0; b < nb; b++, x += sizeof(sb_block_q8_0), dst += QB_XB) {
-        const int32_t start = QS_MAGIC - 8 * q8_block_sum(x + 2);
+        const int32_t start = QS_MAGIC - (qb_bias(f) ? qb_bias(f) * q8_block_sum(x + 2) : 0);
         const float dx = _cvtsh_ss(load_u16(x));
         memcpy(dst, &start, sizeof(start));
         memcpy(dst + 4, &dx, sizeof(dx));
@@ -840,6 +830,21 @@ SBX_ALWAYS vi qb_dot4(vi acc, vi w, const uint8_t *x) {
 #endif
 }
 
+/* qb_dot4 of a format's weight vector w: AVX2's Q8_0 bytes are signed (see
+ * above), |w| times x with w's sign; pairs stay below 2 * 128 * 127. */
+SBX_ALWAYS vi qb_dot(qbf f, vi acc, vi w, const uint8_t *x) {
+#if !SBX_AVX512
+    if (f == QB_Q8_0) {
+        const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x)), w);
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), xs),
+                                                       _mm256_set1_epi16(1)));
+    }
+#else
+    (void)f;
+#endif
+    return qb_dot4(acc, w, x);
+}
+
 /* The high nibbles of v's bytes, as bytes 0-15. With gfni (AVX-512 only)
  * one GF(2) bit-matrix product per byte moves bits 4-7 to 0-3 and clears
  * the rest, one uop where a shift and a mask take two: engine 8 streams
@@ -869,17 +874,69 @@ SBX_ALWAYS vi qb_high_nibbles(vi v, vi m4, bool gfni) {
 
 /* T tokens against the QB_R rows from w (rows past `rows` repeat the last;
  * their results are not stored): y[t*ldy + r]. xc: the tokens' prepared
- * terms. pf: the next tile's rows (QB_R rows of 18-byte blocks, contiguous),
- * prefetched at the pace of the blocks, as qs_tile does.
+ * terms. pf: the next tile's rows (QB_R rows, contiguous), prefetched at the
+ * pace of the blocks, as qs_tile does.
  *
- * packed (AVX-512): w is a group of pack_q4_0's layout, which holds each
- * block's transposed quants (4 x 64 bytes) and then, for all blocks, the 16
+ * packed (AVX-512): w is a group of qb_pack's layout, which holds each
+ * block's transposed quants (qb_packed_q bytes: Q4_0's 4 vectors of nibble
+ * pairs, Q8_0's 8 vectors of flipped bytes) and then, for all blocks, the 16
  * scales (32 bytes per block); the per-block transposition and gather
  * (about a fifth of the vector work at 8 tokens) are done once, at load.
  * gfni: see qb_high_nibbles. */
-#define QB_PACKED_Q 256 /* packed bytes per block: quants, then scales */
 #define QB_PACKED_D 32
-SBX_ALWAYS void qb_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t *w, size_t ws, int rows,
+SBX_ALWAYS size_t qb_packed_q(qbf f) { return f == QB_Q4_0 ? 256 : 512; }
+
+/* Block b's 8 weight vectors and scales, as the products want them. */
+SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb, const uint8_t *w,
+                            const uint8_t *const *rp, vi rowoff, const uint8_t *pf, vi wq[8]) {
+    const vi m4 = vi_set1_8(0x0f);
+    const size_t o = (size_t)b * qb_wsize(f);
+    vi v[8];
+    vf dw;
+#if SBX_AVX512
+    if (packed) {
+        const size_t qb = qb_packed_q(f);
+        if (pf) {
+            prefetch_ahead(pf + (size_t)b * qb, qb);
+            if (b % 2 == 0)
+                prefetch_ahead(pf + (size_t)nb * qb + (size_t)b * QB_PACKED_D, 64);
+        }
+        SBX_UNROLL for (int j = 0; j < 4; j++)
+            v[j] = vi_loadu(w + (size_t)b * qb + 64 * j);
+        if (f == QB_Q8_0)
+            SBX_UNROLL for (int j = 4; j < 8; j++)
+                v[j] = vi_loadu(w + (size_t)b * qb + 64 * j);
+        dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + (size_t)nb * qb + (size_t)b * QB_PACKED_D)));
+    } else
+#else
+    (void)packed;
+    (void)nb;
+#endif
+    {
+        if (pf)
+            prefetch_ahead(pf + (size_t)b * QB_R * qb_wsize(f), QB_R * qb_wsize(f));
+        qb_transpose(rp, o + 2, v);
+        if (f == QB_Q8_0)
+            qb_transpose(rp, o + 18, v + 4);
+        dw = qb_scales(w + o, rowoff);
+    }
+    if (f == QB_Q4_0) {
+        SBX_UNROLL for (int k = 0; k < 4; k++) {
+            wq[k] = vi_and(v[k], m4);
+            wq[4 + k] = qb_high_nibbles(v[k], m4, gfni);
+        }
+    } else {
+        SBX_UNROLL for (int k = 0; k < 8; k++)
+#if SBX_AVX512
+            wq[k] = packed ? v[k] : _mm512_xor_si512(v[k], vi_set1_8((char)0x80));
+#else
+            wq[k] = v[k];
+#endif
+    }
+    return dw;
+}
+
+SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const uint8_t *w, size_t ws, int rows,
                         const uint8_t *x, size_t xs, const uint8_t *xc, size_t xcs, float *y, size_t ldy,
                         const uint8_t *pf) {
     const uint8_t *rp[QB_R];
@@ -888,42 +945,14 @@ SBX_ALWAYS void qb_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t
         rp[r] = w + (size_t)(r < rows ? r : rows - 1) * ws;
         off[r] = (int32_t)(rp[r] - w);
     }
-#if SBX_AVX512
-    const uint8_t *pd = w + (size_t)nb * QB_PACKED_Q, *pfd = pf ? pf + (size_t)nb * QB_PACKED_Q : NULL;
-#else
-    (void)packed;
-#endif
-    const vi rowoff = vi_loadu(off), m4 = vi_set1_8(0x0f);
+    const vi rowoff = vi_loadu(off);
     const vf magic = vi_as_vf(vi_set1_32(QS_MAGIC));
     vf acc[QB_T];
     SBX_UNROLL for (int t = 0; t < T; t++)
         acc[t] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
-        const size_t o = (size_t)b * sizeof(sb_block_q4_0);
-        vi v[4], wq[8];
-        vf dw;
-#if SBX_AVX512
-        if (packed) {
-            if (pf) {
-                prefetch_ahead(pf + (size_t)b * QB_PACKED_Q, QB_PACKED_Q);
-                if (b % 2 == 0)
-                    prefetch_ahead(pfd + (size_t)b * QB_PACKED_D, 64);
-            }
-            SBX_UNROLL for (int j = 0; j < 4; j++)
-                v[j] = vi_loadu(w + (size_t)b * QB_PACKED_Q + 64 * j);
-            dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pd + (size_t)b * QB_PACKED_D)));
-        } else
-#endif
-        {
-            if (pf)
-                prefetch_ahead(pf + (size_t)b * QB_R * sizeof(sb_block_q4_0), QB_R * sizeof(sb_block_q4_0));
-            qb_transpose(rp, o + 2, v);
-            dw = qb_scales(w + o, rowoff);
-        }
-        SBX_UNROLL for (int k = 0; k < 4; k++) {
-            wq[k] = vi_and(v[k], m4);
-            wq[4 + k] = qb_high_nibbles(v[k], m4, gfni);
-        }
+        vi wq[8];
+        const vf dw = qb_load_block(f, packed, gfni, b, nb, w, rp, rowoff, pf, wq);
         /* The tokens' sums are T chains of 8 dependent products each; issued
          * product k of every token, then k + 1, they overlap without relying
          * on the out-of-order window to reach the next token's chain. */
@@ -932,7 +961,7 @@ SBX_ALWAYS void qb_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t
             s[t] = vi_set1_32(load_i32(xc + t * xcs + (size_t)b * QB_XB));
         SBX_UNROLL for (int k = 0; k < 8; k++)
             SBX_UNROLL for (int t = 0; t < T; t++)
-                s[t] = qb_dot4(s[t], wq[k], x + t * xs + (size_t)b * sizeof(sb_block_q8_0) + 2 + 4 * k);
+                s[t] = qb_dot(f, s[t], wq[k], x + t * xs + (size_t)b * sizeof(sb_block_q8_0) + 2 + 4 * k);
         SBX_UNROLL for (int t = 0; t < T; t++) {
             float dx;
             memcpy(&dx, xc + t * xcs + (size_t)b * QB_XB + 4, sizeof(dx));
@@ -952,7 +981,7 @@ SBX_ALWAYS void qb_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t
 /* Tiles of QB_R rows outer, passes of QB_T tokens inner, so a tile's rows
  * are read from memory once per call; xc: the tokens' prepared terms, xcs
  * apart. */
-SBX_ALWAYS void qb_tiles(bool packed, bool gfni, int64_t nb, const uint8_t *w, size_t ws, int64_t nr,
+SBX_ALWAYS void qb_tiles(qbf f, bool packed, bool gfni, int64_t nb, const uint8_t *w, size_t ws, int64_t nr,
                          const uint8_t *x, size_t xs, const uint8_t *xc, size_t xcs, int64_t nt, float *y, size_t ldy) {
     for (int64_t r = 0; r < nr; r += QB_R) {
         const int rows = nr - r < QB_R ? (int)(nr - r) : QB_R;
@@ -961,16 +990,16 @@ SBX_ALWAYS void qb_tiles(bool packed, bool gfni, int64_t nb, const uint8_t *w, s
             float *yt = y + (size_t)t * ldy + (size_t)r;
             const uint8_t *pf = t == 0 ? w + (size_t)(r + QB_R) * ws : NULL;
             switch (nt - t < QB_T ? nt - t : QB_T) {
-            case 1: qb_tile(packed, gfni, 1, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-            case 2: qb_tile(packed, gfni, 2, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-            case 3: qb_tile(packed, gfni, 3, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            case 1: qb_tile(f, packed, gfni, 1, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            case 2: qb_tile(f, packed, gfni, 2, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            case 3: qb_tile(f, packed, gfni, 3, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
 #if QB_T > 4
-            case 4: qb_tile(packed, gfni, 4, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-            case 5: qb_tile(packed, gfni, 5, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-            case 6: qb_tile(packed, gfni, 6, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
-            case 7: qb_tile(packed, gfni, 7, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            case 4: qb_tile(f, packed, gfni, 4, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            case 5: qb_tile(f, packed, gfni, 5, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            case 6: qb_tile(f, packed, gfni, 6, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            case 7: qb_tile(f, packed, gfni, 7, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
 #endif
-            default: qb_tile(packed, gfni, QB_T, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
+            default: qb_tile(f, packed, gfni, QB_T, nb, wr, ws, rows, xt, xs, xct, xcs, yt, ldy, pf); break;
             }
         }
     }
@@ -979,8 +1008,8 @@ SBX_ALWAYS void qb_tiles(bool packed, bool gfni, int64_t nb, const uint8_t *w, s
 /* Unpacked rows: the tokens' terms are prepared into scratch, in groups
  * that stay in L2. Without scratch (out of memory) it falls back to the
  * reference, which gives the same bytes. */
-static void gemm_q4_0(int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv, size_t xs, int64_t nt,
-                      float *y, size_t ldy) {
+SBX_ALWAYS void qb_gemm(qbf f, int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv, size_t xs,
+                        int64_t nt, float *y, size_t ldy) {
     const uint8_t *w = wv, *x = xv;
     const int64_t nb = n / SB_QK;
     const size_t xcs = (size_t)nb * QB_XB;
@@ -988,46 +1017,65 @@ static void gemm_q4_0(int64_t n, const void *wv, size_t ws, int64_t nr, const vo
     group = group < QB_T ? QB_T : group > nt ? nt : group;
     uint8_t *xc = scratch_area(1, xcs * (size_t)group);
     if (!xc) {
+        const sb_vec_dot_fn dot = f == QB_Q4_0 ? sb__vec_dot_q4_0_q8_0_ref : sb__vec_dot_q8_0_q8_0_ref;
         for (int64_t t = 0; t < nt; t++)
             for (int64_t r = 0; r < nr; r++)
-                y[t * ldy + r] = sb__vec_dot_q4_0_q8_0_ref(n, w + r * ws, x + t * xs);
+                y[t * ldy + r] = dot(n, w + r * ws, x + t * xs);
         return;
     }
     for (int64_t t0 = 0; t0 < nt; t0 += group) {
         const int64_t g = nt - t0 < group ? nt - t0 : group;
         for (int64_t t = 0; t < g; t++)
-            qb_prepare(x + (size_t)(t0 + t) * xs, nb, xc + (size_t)t * xcs);
-        qb_tiles(false, false, nb, w, ws, nr, x + (size_t)t0 * xs, xs, xc, xcs, g, y + (size_t)t0 * ldy, ldy);
+            qb_prepare(f, x + (size_t)(t0 + t) * xs, nb, xc + (size_t)t * xcs);
+        qb_tiles(f, false, false, nb, w, ws, nr, x + (size_t)t0 * xs, xs, xc, xcs, g, y + (size_t)t0 * ldy, ldy);
     }
+}
+
+static void gemm_q4_0(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
+                      float *y, size_t ldy) {
+    qb_gemm(QB_Q4_0, n, w, ws, nr, x, xs, nt, y, ldy);
+}
+
+static void gemm_q8_0(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
+                      float *y, size_t ldy) {
+    qb_gemm(QB_Q8_0, n, w, ws, nr, x, xs, nt, y, ldy);
 }
 
 #if SBX_AVX512
 /* Packed rows: every activation row carries its terms after its blocks
- * (qb_terms, once per call), so a chunk of rows starts computing at once. */
-SBX_ALWAYS void q4_0_packed(bool gfni, int64_t n, const void *w, size_t ws, int64_t nr, const void *xv, size_t xs,
-                            int64_t nt, float *y, size_t ldy) {
+ * (qb_terms_*, once per call), so a chunk of rows starts computing at once. */
+SBX_ALWAYS void qb_packed(qbf f, bool gfni, int64_t n, const void *w, size_t ws, int64_t nr, const void *xv,
+                          size_t xs, int64_t nt, float *y, size_t ldy) {
     const uint8_t *x = xv;
     const int64_t nb = n / SB_QK;
-    qb_tiles(true, gfni, nb, w, ws, nr, x, xs, x + (size_t)nb * sizeof(sb_block_q8_0), xs, nt, y, ldy);
+    qb_tiles(f, true, gfni, nb, w, ws, nr, x, xs, x + (size_t)nb * sizeof(sb_block_q8_0), xs, nt, y, ldy);
 }
 
 static void gemm_q4_0_packed(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
                              float *y, size_t ldy) {
-    q4_0_packed(false, n, w, ws, nr, x, xs, nt, y, ldy);
+    qb_packed(QB_Q4_0, false, n, w, ws, nr, x, xs, nt, y, ldy);
 }
 
 static void gemm_q4_0_packed_gfni(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs,
                                   int64_t nt, float *y, size_t ldy) {
-    q4_0_packed(true, n, w, ws, nr, x, xs, nt, y, ldy);
+    qb_packed(QB_Q4_0, true, n, w, ws, nr, x, xs, nt, y, ldy);
 }
 
-static void qb_terms(const void *x, int64_t n, void *dst) { qb_prepare(x, n / SB_QK, dst); }
+static void gemm_q8_0_packed(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
+                             float *y, size_t ldy) {
+    qb_packed(QB_Q8_0, false, n, w, ws, nr, x, xs, nt, y, ldy);
+}
 
-/* Groups of 16 rows: per block the 4 vectors qb_transpose makes (dword j of
- * row r at byte 64j + 4r), then all blocks' 16 F16 scales. */
-static void pack_q4_0(const void *src, void *dst, int64_t n_in, int64_t n_out) {
+static void qb_terms_q4_0(const void *x, int64_t n, void *dst) { qb_prepare(QB_Q4_0, x, n / SB_QK, dst); }
+static void qb_terms_q8_0(const void *x, int64_t n, void *dst) { qb_prepare(QB_Q8_0, x, n / SB_QK, dst); }
+
+/* Groups of 16 rows: per block the vectors qb_transpose makes (dword j of
+ * row r at byte 64j + 4r; Q8_0's with their sign bits flipped), then all
+ * blocks' 16 F16 scales. The same bytes as the rows: 16 * 18 = 256 + 32,
+ * 16 * 34 = 512 + 32. */
+SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t n_out) {
     const int64_t nb = n_in / SB_QK;
-    const size_t row = (size_t)nb * sizeof(sb_block_q4_0);
+    const size_t row = (size_t)nb * qb_wsize(f), qb = qb_packed_q(f);
     const uint8_t *rp[QB_R];
     int32_t off[QB_R];
     for (int r = 0; r < QB_R; r++)
@@ -1035,20 +1083,28 @@ static void pack_q4_0(const void *src, void *dst, int64_t n_in, int64_t n_out) {
     const vi rowoff = vi_loadu(off);
     for (int64_t g = 0; g < n_out / QB_R; g++) {
         const uint8_t *in = (const uint8_t *)src + (size_t)g * QB_R * row;
-        uint8_t *out = (uint8_t *)dst + (size_t)g * QB_R * row, *scales = out + (size_t)nb * QB_PACKED_Q;
+        uint8_t *out = (uint8_t *)dst + (size_t)g * QB_R * row, *scales = out + (size_t)nb * qb;
         for (int r = 0; r < QB_R; r++)
             rp[r] = in + (size_t)r * row;
         for (int64_t b = 0; b < nb; b++) {
-            const size_t o = (size_t)b * sizeof(sb_block_q4_0);
-            vi v[4];
+            const size_t o = (size_t)b * qb_wsize(f);
+            vi v[8];
             qb_transpose(rp, o + 2, v);
-            for (int j = 0; j < 4; j++)
-                _mm512_storeu_si512(out + (size_t)b * QB_PACKED_Q + 64 * j, v[j]);
+            if (f == QB_Q8_0) {
+                qb_transpose(rp, o + 18, v + 4);
+                for (int j = 0; j < 8; j++)
+                    v[j] = _mm512_xor_si512(v[j], vi_set1_8((char)0x80));
+            }
+            for (size_t j = 0; j < qb / 64; j++)
+                _mm512_storeu_si512(out + (size_t)b * qb + 64 * j, v[j]);
             const __m512i d = _mm512_i32gather_epi32(rowoff, in + o, 1);
             _mm256_storeu_si256((__m256i *)(scales + (size_t)b * QB_PACKED_D), _mm512_cvtepi32_epi16(d));
         }
     }
 }
+
+static void pack_q4_0(const void *src, void *dst, int64_t n_in, int64_t n_out) { qb_pack(QB_Q4_0, src, dst, n_in, n_out); }
+static void pack_q8_0(const void *src, void *dst, int64_t n_in, int64_t n_out) { qb_pack(QB_Q8_0, src, dst, n_in, n_out); }
 #endif
 
 #include "tensor/x86/kquants-x86.h"
@@ -1114,7 +1170,6 @@ SBX_GEMM(gemm_bf16, F_BF16)
 SBX_GEMM(gemm_q4_1, F_Q4_1)
 SBX_GEMM(gemm_q5_0, F_Q5_0)
 SBX_GEMM(gemm_q5_1, F_Q5_1)
-SBX_GEMM(gemm_q8_0, F_Q8_0)
 
 /* ==== activation conversion ============================================= */
 
@@ -1430,7 +1485,9 @@ void SBX_FILL(sb_kernels *k) {
         .pack = pack_q4_0,
         .gemm = k->gfni ? gemm_q4_0_packed_gfni : gemm_q4_0_packed,
         .term_bytes = QB_XB,
-        .terms = qb_terms};
+        .terms = qb_terms_q4_0};
+    k->packing[SB_TYPE_Q8_0] = (sb_packing){
+        .rows = QB_R, .pack = pack_q8_0, .gemm = gemm_q8_0_packed, .term_bytes = QB_XB, .terms = qb_terms_q8_0};
 #endif
     k->gemm[SB_TYPE_Q4_1] = gemm_q4_1;
     k->gemm[SB_TYPE_Q5_0] = gemm_q5_0;
