@@ -319,7 +319,7 @@ static void test_packing_is_per_group(void **state) {
 static void test_gemm_matches_scalar(void **state) {
     (void)state;
     static const int64_t ns[] = {32, 96, 160, 1056};
-    static const int64_t float_ns[] = {1, 7, 63, 64, 65, 200};
+    static const int64_t float_ns[] = {1, 7, 63, 64, 65, 128, 200, 256};
     static const int64_t nrs[] = {1, 2, 3, 5, 17};
     static const int64_t nts[] = {1, 2, 3, 5, 13};
     const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR);
@@ -340,9 +340,13 @@ static void test_gemm_matches_scalar(void **state) {
                         for (size_t c = 0; c < sizeof(float_ns) / sizeof(float_ns[0]); c++)
                             failures += !check_gemm(k, ref, type, float_ns[c], nrs[a], nts[b]);
                 }
-            /* The tile shapes' larger cases: decode and prompt sizes. */
+            /* The tile shapes' larger cases: decode and prompt sizes; for
+             * floats attention's (head-sized rows, a KV block's 16 keys,
+             * a group's 32 queries). */
             failures += !check_gemm(k, ref, type, 2048, 9, 1);
             failures += !check_gemm(k, ref, type, 512, 8, 16);
+            if (is_float)
+                failures += !check_gemm(k, ref, type, 64, 16, 32) + !check_gemm(k, ref, type, 128, 33, 32);
         }
     }
     if (n_simd == 0)

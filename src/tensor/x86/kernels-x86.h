@@ -691,6 +691,83 @@ SBX_ALWAYS bool fg_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
 }
 #endif
 
+#if SBX_AVX512
+/* ==== float rows of 64 to 256 elements: attention's q.k ================== */
+
+/* f_finish for 16 pairs at once, from each pair's 64 lanes already folded
+ * as f_finish's first steps fold them (0+=2, 1+=3, 0+=1: v[p] holds both
+ * 8-lane halves, u[0] and u[1]); the sum of pair p in lane p. The same
+ * additions in the same order, each step for all pairs, the pairs'
+ * vectors interleaved by shuffles: 16 -> 8 (two pairs a vector), 8 -> 4
+ * (four), then 4 -> 2 and 2 -> 1 within the 128-bit lanes. */
+SBX_ALWAYS __m512 f_finish16(__m512 v[16]) {
+    SBX_UNROLL for (int k = 0; k < 8; k++)
+        v[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xee));
+    SBX_UNROLL for (int k = 0; k < 4; k++)
+        v[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x88),
+                             _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xdd));
+    SBX_UNROLL for (int k = 0; k < 2; k++)
+        v[k] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * k], v[2 * k + 1], 0x44),
+                             _mm512_shuffle_ps(v[2 * k], v[2 * k + 1], 0xee));
+    const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));
+    /* lane 4l + j holds pair 4j + l */
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
+}
+
+#define FS_MAX_N 256 /* longest rows fs_gemm takes (a multiple of 64) */
+
+/* Float rows of n elements (a multiple of 64, at most FS_MAX_N), 16 at a
+ * time: each row's 64 lanes are 4 vectors in registers, so 16 rows' dots
+ * with one token end in one f_finish16 and one store. f_tile keeps the
+ * lanes in memory and ends every dot on its own; for head-sized rows
+ * (n = 64: 4 products a dot) that end cost 5x the products. Rows not in
+ * F32 are converted once per group of 16 into scratch, tokens (in the
+ * rows' format) once each onto the stack. False without scratch. */
+SBX_ALWAYS bool fs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t nr, const uint8_t *x,
+                        size_t xs, int64_t nt, float *y, size_t ldy) {
+    const int64_t nch = n / 64;
+    float *wf = f == F_F32 ? NULL : (float *)scratch_area(0, 16 * (size_t)n * sizeof(float));
+    if (f != F_F32 && !wf)
+        return false;
+    for (int64_t r0 = 0; r0 < nr; r0 += 16) {
+        const int rows = nr - r0 < 16 ? (int)(nr - r0) : 16;
+        const float *wr[16];
+        for (int r = 0; r < 16; r++) { /* a last group of fewer rows repeats its last */
+            const uint8_t *src = w + (size_t)(r0 + (r < rows ? r : rows - 1)) * ws;
+            if (f == F_F32 || r >= rows) {
+                wr[r] = f == F_F32 ? (const float *)src : wr[rows - 1];
+                continue;
+            }
+            for (int64_t i = 0; i < n; i += 16)
+                _mm512_store_ps(wf + (size_t)r * (size_t)n + i, vf_load(f, src + (size_t)i * f_esize(f)));
+            wr[r] = wf + (size_t)r * (size_t)n;
+        }
+        for (int64_t t = 0; t < nt; t++) {
+            _Alignas(64) float xbuf[FS_MAX_N];
+            const float *xt = (const float *)(x + (size_t)t * xs);
+            if (f != F_F32) {
+                for (int64_t i = 0; i < n; i += 16)
+                    _mm512_store_ps(xbuf + i, vf_load(f, x + (size_t)t * xs + (size_t)i * f_esize(f)));
+                xt = xbuf;
+            }
+            __m512 v[16];
+            SBX_UNROLL for (int r = 0; r < 16; r++) {
+                vf a[4];
+                SBX_UNROLL for (int q = 0; q < 4; q++)
+                    a[q] = vf_fma(vf_loadu(wr[r] + 16 * q), vf_loadu(xt + 16 * q), vf_zero());
+                for (int64_t c = 1; c < nch; c++)
+                    SBX_UNROLL for (int q = 0; q < 4; q++)
+                        a[q] = vf_fma(vf_loadu(wr[r] + 64 * c + 16 * q), vf_loadu(xt + 64 * c + 16 * q), a[q]);
+                v[r] = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+            }
+            _mm512_mask_storeu_ps(y + (size_t)t * ldy + (size_t)r0, (__mmask16)((1u << rows) - 1), f_finish16(v));
+        }
+    }
+    return true;
+}
+#endif
+
 /* ==== Q4_0 and Q8_0: one weight row per lane ============================ */
 
 /* Their reference (dot.c) sums each block's products into one integer and
@@ -1151,6 +1228,8 @@ SBX_ALWAYS void gemm(fmt f, int64_t n, const void *wv, size_t ws, int64_t nr, co
     int64_t r = 0;
 #if SBX_AVX512
     if (!is_float(f) && nt >= QS_MIN_NT && qs_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
+        return;
+    if (is_float(f) && n % 64 == 0 && n <= FS_MAX_N && fs_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
         return;
     if ((f == F_F16 || f == F_BF16) && nt >= FG_MIN_NT && fg_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
         return;
