@@ -13,7 +13,8 @@
  *   - block formats: per (row, token) pair, 8 float lanes; per block one
  *     fma(d_w*d_x, lane_sum, acc) per lane, then ((l0+l4)+(l2+l6)) +
  *     ((l1+l5)+(l3+l7)), plus a scalar sum of m_w*s_x for formats with a min;
- *     except Q4_0: one fma(block_sum, d_w*d_x, acc) per block (gemm_q4_0);
+ *     except Q4_0 and Q8_0: one fma(block_sum, d_w*d_x, acc) per block
+ *     (gemm_q4_0, gemm_q8_0);
  *   - float formats: 64 lanes per pair (fmaf per element, by position
  *     mod 64), a fixed reduction, the tail in double.
  * Lanes are independent, so the kernels are free in how they walk them: a
@@ -27,8 +28,9 @@
  *
  * With several tokens the AVX-512 level takes other paths (qs_gemm for the
  * other block formats, fg_gemm for F16/BF16 from FG_MIN_NT tokens) that unpack or
- * convert operands into per-thread scratch first; same lanes, same
- * operations, same bytes.
+ * convert operands into per-thread scratch first, and fs_gemm for float rows
+ * of 64-256 elements (attention's q.k), which reduces 16 rows' lanes in one
+ * shuffle tree; same lanes, same operations, same bytes.
  */
 #ifndef SBX_AVX512
 #error "include from kernels-avx2.c or kernels-avx512.c"
