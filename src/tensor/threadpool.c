@@ -18,10 +18,11 @@
  *
  * When another process takes a core, a worker that shares it runs its
  * chunks at a fraction of the speed and the caller ends every loop waiting
- * for it. When the caller spends much of its time waiting, the pool runs
- * the next loops on the caller alone (one thread at full speed beats two
- * that take turns with a neighbour), then tries its workers again. Results
- * never depend on how many threads ran a loop.
+ * for it. When the loops take longer than the caller alone would have
+ * taken (its own chunks' rate times the loops' chunks), the pool runs the
+ * next loops on the caller alone (one thread at full speed beats two that
+ * take turns with a neighbour), then tries its workers again. Results never
+ * depend on how many threads ran a loop.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -45,15 +46,22 @@
 #define SPIN_ITERATIONS 20000
 
 /* Once the parallel loops of a window have taken WINDOW_NS in all, the
- * caller checks how much of that time it spent waiting for other threads'
- * chunks; above a fifth (a quiet machine waits for about half a chunk, a few
- * percent) the next SOLO_LOOPS loops, a few tokens' worth, run on the caller
- * alone. The window is long in time, not in loops, so that one hiccup (a
- * worker's core taken away for a few milliseconds, as a virtual machine's
- * host or a kernel thread does now and then) does not count as a neighbour:
- * a sustained neighbour takes the worker's core every scheduler slice. */
+ * caller compares that time with what it would have taken alone: each loop's
+ * time on its own chunks, scaled to all the loop's chunks, and scaled by the
+ * share of the window the caller had a core (a neighbour on the caller's
+ * core stretches its chunks too, and alone it would have a core to itself).
+ * When the pool was slower, the next SOLO_LOOPS loops, a few tokens' worth,
+ * run on the caller alone. (How long the caller waits misleads: a single
+ * stream's chunks are short, and a caller that waited a quarter of the time
+ * for the worker's hand-offs had still run 1.5-2x faster than alone; the
+ * rule "solo above a fifth" ran a third of 8-stream steps on one thread.)
+ * The window is long in time, not in loops, so that one hiccup (a worker's
+ * core taken away for a few milliseconds, as a virtual machine's host or a
+ * kernel thread does now and then) does not count as a neighbour: a
+ * sustained neighbour takes the worker's core every scheduler slice. */
 #define WINDOW_NS 50000000
 #define SOLO_LOOPS 2048
+#define IDLE_GAP_NS 1000000
 
 typedef struct worker {
     sb_threadpool *tp;
@@ -83,22 +91,59 @@ struct sb_threadpool {
     pthread_cond_t wake;
 
     /* Caller-side only: the straggler detector. */
-    int64_t window_wait_ns, window_total_ns;
+    int64_t window_alone_ns, window_total_ns; /* the caller's estimate alone; the loops' time */
+    int64_t window_start_ns, window_start_cpu_ns; /* wall and caller-thread CPU clocks */
+    int64_t last_loop_end_ns;
+    pthread_t window_caller; /* whose CPU clock window_start_cpu_ns read */
     int solo_loops;
 };
 
-static int64_t now_ns(void) {
+static int64_t clock_ns(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+static int64_t now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+
+/* Starts the straggler detector's window at `now`. */
+static void start_window(sb_threadpool *tp, int64_t now) {
+    tp->window_caller = pthread_self();
+    tp->window_alone_ns = tp->window_total_ns = 0;
+    tp->window_start_ns = tp->last_loop_end_ns = now;
+    tp->window_start_cpu_ns = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+}
+
+/* Accounts a parallel loop that ran from t0 to t2, the caller's `ran` of its
+ * n_chunks chunks until t1; at the end of a window, decides on solo loops.
+ * The window's wall time leaves out the gaps in which the caller ran no loop
+ * for a while (the engine idle): it has no core then because it needs none. */
+static void account_loop(sb_threadpool *tp, int64_t n_chunks, int64_t ran, int64_t t0, int64_t t1, int64_t t2) {
+    if (!pthread_equal(tp->window_caller, pthread_self())) { /* another caller than the window's first */
+        start_window(tp, t2);
+        return;
+    }
+    if (t0 - tp->last_loop_end_ns > IDLE_GAP_NS)
+        tp->window_start_ns += t0 - tp->last_loop_end_ns;
+    tp->last_loop_end_ns = t2;
+    tp->window_total_ns += t2 - t0;
+    /* A loop the workers took whole says nothing of the caller's rate. */
+    tp->window_alone_ns += ran > 0 ? (int64_t)((double)(t1 - t0) * (double)n_chunks / (double)ran) : t2 - t0;
+    if (tp->window_total_ns < WINDOW_NS)
+        return;
+    double share = (double)(clock_ns(CLOCK_THREAD_CPUTIME_ID) - tp->window_start_cpu_ns) /
+                   (double)(t2 - tp->window_start_ns);
+    if ((double)tp->window_total_ns > (double)tp->window_alone_ns * (share < 1 ? share : 1))
+        tp->solo_loops = SOLO_LOOPS;
+    start_window(tp, t2);
 }
 
 /* First chunk of thread t's range: the ranges split the loop evenly, in order. */
 static int64_t range_begin(int64_t n_chunks, int t, int n_threads) { return n_chunks * t / n_threads; }
 
 /* Claims and runs chunks of loop `gen` until none is left, down thread
- * ith's range first and then the others', and adds how many it ran to done. */
-static void run_chunks(sb_threadpool *tp, uint32_t gen, sb_chunk_fn fn, void *arg, int64_t n_chunks, int ith) {
+ * ith's range first and then the others', and adds how many it ran to done;
+ * returns that count. */
+static int64_t run_chunks(sb_threadpool *tp, uint32_t gen, sb_chunk_fn fn, void *arg, int64_t n_chunks, int ith) {
     const int n_threads = tp->n_threads;
     int64_t ran = 0;
     for (int k = 0; k < n_threads; k++) {
@@ -108,7 +153,7 @@ static void run_chunks(sb_threadpool *tp, uint32_t gen, sb_chunk_fn fn, void *ar
         uint64_t cur = atomic_load_explicit(claim, memory_order_acquire);
         for (;;) {
             if ((uint32_t)(cur >> 32) != gen) /* a stale copy of an ended loop: it ran nothing */
-                return;
+                return 0;
             int64_t chunk = (int64_t)(cur & 0xffffffffu);
             if (chunk >= end)
                 break;
@@ -122,6 +167,7 @@ static void run_chunks(sb_threadpool *tp, uint32_t gen, sb_chunk_fn fn, void *ar
     }
     if (ran > 0)
         atomic_fetch_add_explicit(&tp->done, ran, memory_order_release);
+    return ran;
 }
 
 /* A new, completely written sequence number (even and not `seen`). */
@@ -190,6 +236,7 @@ sb_status sb_threadpool_create(int n_threads, sb_threadpool **out, sb_error *err
         }
         tp->n_threads++;
     }
+    start_window(tp, now_ns());
     *out = tp;
     return SB_OK;
 }
@@ -239,26 +286,19 @@ void sb_threadpool_for(sb_threadpool *tp, int64_t n_chunks, sb_chunk_fn fn, void
     if (n_chunks <= 0)
         return;
     if (!tp || tp->n_threads == 1 || n_chunks == 1 || tp->solo_loops > 0) {
-        if (tp && tp->solo_loops > 0)
-            tp->solo_loops--;
+        if (tp && tp->solo_loops > 0 && --tp->solo_loops == 0)
+            start_window(tp, now_ns());
         for (int64_t c = 0; c < n_chunks; c++)
             fn(arg, c, 0);
         return;
     }
     int64_t t0 = now_ns();
     uint32_t gen = publish(tp, fn, arg, n_chunks);
-    run_chunks(tp, gen, fn, arg, n_chunks, 0);
+    int64_t ran = run_chunks(tp, gen, fn, arg, n_chunks, 0);
     int64_t t1 = now_ns();
     while (atomic_load_explicit(&tp->done, memory_order_acquire) < n_chunks)
         cpu_relax();
-    int64_t t2 = now_ns();
-    tp->window_wait_ns += t2 - t1;
-    tp->window_total_ns += t2 - t0;
-    if (tp->window_total_ns >= WINDOW_NS) {
-        if (tp->window_wait_ns * 5 > tp->window_total_ns)
-            tp->solo_loops = SOLO_LOOPS;
-        tp->window_wait_ns = tp->window_total_ns = 0;
-    }
+    account_loop(tp, n_chunks, ran, t0, t1, now_ns());
 }
 
 void sb_threadpool_for_light(sb_threadpool *tp, int64_t n_chunks, int64_t elements, sb_chunk_fn fn, void *arg) {

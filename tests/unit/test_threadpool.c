@@ -2,7 +2,8 @@
  * test_threadpool.c - the persistent thread pool: every chunk of every loop
  * runs exactly once, on a valid thread index, across thousands of loops of
  * varying sizes (light ones too); a slow chunk does not stop other threads from taking the
- * rest; and model outputs do not depend on the thread count.
+ * rest; a worker that keeps holding the loops back hands them to the caller alone; and
+ * model outputs do not depend on the thread count.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +24,7 @@ typedef struct counting {
     _Atomic int bad_ith;
     int n_threads;
     int64_t slow_chunk; /* this chunk sleeps 20 ms; -1 for none */
+    int slow_ith; /* chunks busy for 0.2 ms, this thread's sleeping 2 ms more (a neighbour has its core); 0: none */
     _Atomic int by_thread[8];
 } counting;
 
@@ -34,6 +36,15 @@ static void count_chunk(void *arg, int64_t chunk, int ith) {
         atomic_fetch_add(&c->by_thread[ith], 1);
     if (chunk == c->slow_chunk)
         nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    if (c->slow_ith > 0) {
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        do
+            clock_gettime(CLOCK_MONOTONIC, &t);
+        while ((t.tv_sec - t0.tv_sec) * 1000000000L + t.tv_nsec - t0.tv_nsec < 200 * 1000);
+        if (ith == c->slow_ith)
+            nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);
+    }
     atomic_fetch_add(&c->hits[chunk], 1);
 }
 
@@ -80,6 +91,30 @@ static void test_slow_chunk_does_not_hold_the_rest(void **state) {
     sb_threadpool_free(tp);
 }
 
+/* Loops that take longer than the caller alone would (0.8 ms for 4 chunks;
+ * the worker holds one for 2.2 ms) run on the caller alone once the straggler
+ * detector's window (50 ms of loops) has seen it. */
+static void test_slow_worker_sends_loops_to_the_caller(void **state) {
+    (void)state;
+    sb_threadpool *tp;
+    assert_int_equal(sb_threadpool_create(2, &tp, NULL), SB_OK);
+    static counting c;
+    int worker_chunks_late = 0;
+    for (int loop = 0; loop < 60; loop++) {
+        memset(&c, 0, sizeof(c));
+        c.n_threads = 2;
+        c.slow_chunk = -1;
+        c.slow_ith = 1;
+        sb_threadpool_for(tp, 4, count_chunk, &c);
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(c.hits[i], 1);
+        if (loop >= 50)
+            worker_chunks_late += c.by_thread[1];
+    }
+    assert_int_equal(worker_chunks_late, 0);
+    sb_threadpool_free(tp);
+}
+
 static void test_threads_do_not_change_logits(void **state) {
     (void)state;
     sb_model_t *m;
@@ -109,6 +144,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_chunk_once),
         cmocka_unit_test(test_slow_chunk_does_not_hold_the_rest),
+        cmocka_unit_test(test_slow_worker_sends_loops_to_the_caller),
         cmocka_unit_test(test_threads_do_not_change_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
