@@ -54,7 +54,8 @@
  * run on the caller alone. (How long the caller waits misleads: a single
  * stream's chunks are short, and a caller that waited a quarter of the time
  * for the worker's hand-offs had still run 1.5-2x faster than alone; the
- * rule "solo above a fifth" ran a third of 8-stream steps on one thread.)
+ * rule "solo above a fifth of the time waiting" sent the ~23 steps after a
+ * single stream's run, a whole batched run, to one thread.)
  * The window is long in time, not in loops, so that one hiccup (a worker's
  * core taken away for a few milliseconds, as a virtual machine's host or a
  * kernel thread does now and then) does not count as a neighbour: a
