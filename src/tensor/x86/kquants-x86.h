@@ -13,18 +13,21 @@
  * for every row, 4 quant bytes of the same elements. A token's sub-block is
  * then a chain of four-byte products of those vectors with its activation
  * bytes broadcast, scaled by the rows' sc_j: runs whose sums fit int16 by
- * a 16-bit multiply-add (16 elements of Q2_K, Q3_K, Q4_K; 8 of Q6_K, its
- * quants less 32); Q5_K's sub-blocks (up to 32 * 31 * 127) by one 32-bit
- * multiply each (fewer uops than the multiply-adds of 4 shorter runs).
- * Quants are unpacked unsigned; Q6_K's +32 and Q3_K's +4 come off through
- * the chains' starting values, -32 times the sum of the run's activations
- * and -4 * bsum_j, and the mins' term is 4 to 8 more 16-bit multiply-adds
- * of pairs of the rows' m_j with pairs of the token's sums; all prepared
- * once per call (the packing's terms, shared by the five formats so that a
- * layer's Q4_K or Q5_K and Q6_K matrices take one conversion of their
- * input). Integers are exact, so only the fmas per block and row, the scale
- * products, the conversions and the final acc - accm are float work, the
- * reference's own, in its order.
+ * a 16-bit multiply-add (16 elements of Q2_K, Q3_K, Q4_K; on AVX2 8 of
+ * Q6_K, its quants less 32); Q5_K's sub-blocks (up to 32 * 31 * 127), and on
+ * AVX-512 Q6_K's (16 * 63 * 127), by one 32-bit multiply each (fewer uops
+ * than the multiply-adds of shorter runs). Quants are unpacked unsigned.
+ * Q3_K's +4, and on AVX2 Q6_K's +32, come off through the chains' starting
+ * values, -4 * bsum_j and -32 times the sum of the run's activations; on
+ * AVX-512 Q6_K's +32 as 32 times the block's sum of sc_j * bsum_j, 8 16-bit
+ * multiply-adds of pairs of the rows' sc_j with pairs of the token's bsums,
+ * as the mins' term of the formats with mins is 4 to 8 of them (pairs of m_j
+ * with pairs of the token's sums). The terms are prepared once per call (the
+ * packing's terms, shared by the five formats so that a layer's Q4_K or Q5_K
+ * and Q6_K matrices take one conversion of their input). Integers are exact,
+ * so only the fmas per block and row, the scale products, the conversions
+ * and the final acc - accm are float work, the reference's own, in its
+ * order.
  *
  * A tile takes each block of its rows a quarter at a time (16 vectors of
  * quants unpacked into registers; the scales and mins decoded once per
@@ -45,6 +48,7 @@
 #define vi_slli32 _mm512_slli_epi32
 #define vi_srli32 _mm512_srli_epi32
 #define vi_add32 _mm512_add_epi32
+#define vi_sub32 _mm512_sub_epi32
 #define vi_mullo32 _mm512_mullo_epi32
 #define vi_to_vf _mm512_cvtepi32_ps
 #else
@@ -56,6 +60,7 @@
 #define vi_slli32 _mm256_slli_epi32
 #define vi_srli32 _mm256_srli_epi32
 #define vi_add32 _mm256_add_epi32
+#define vi_sub32 _mm256_sub_epi32
 #define vi_mullo32 _mm256_mullo_epi32
 #define vi_to_vf _mm256_cvtepi32_ps
 #endif
@@ -77,23 +82,35 @@ SBX_ALWAYS bool kq_mins(kq_fmt f) { return f == KQ_Q2_K || f == KQ_Q4_K || f == 
 SBX_ALWAYS int kq_nscales(kq_fmt f) { return f == KQ_Q2_K || f == KQ_Q6_K ? 16 : 12; } /* scale bytes */
 SBX_ALWAYS size_t kq_meta(kq_fmt f) { return (kq_mins(f) ? 4 : 2) + (size_t)kq_nscales(f); }
 SBX_ALWAYS int kq_sub(kq_fmt f) { return f == KQ_Q4_K || f == KQ_Q5_K ? 32 : 16; } /* elements per sub-block */
+/* Q6_K's sub-blocks by a 32-bit multiply, its +32 by the bsums (AVX-512),
+ * or in runs of 8 of its quants less 32 (AVX2). A run of 8 takes a
+ * multiply-add and a broadcast starting value, where vpdpbusd adds its
+ * products into the chain for free: on AVX-512 the multiply per 16 made the
+ * 8-token tile 1.17x faster (Zen 5, 768 x 32000, 361-366 -> 420-432
+ * GFLOP/s), on AVX2 (pmaddubsw, pmaddwd and an add per 4 bytes either way)
+ * 8% slower. */
+#define KQ_Q6_MUL32 SBX_AVX512
 /* Elements per chain of products that one scale multiplies: sums within
  * int16, scaled by a 16-bit multiply-add, for Q2_K, Q3_K and Q4_K (16 * 15 *
- * 127 at most) and Q6_K, whose quants less 32 take runs of 8 (8 * 32 * 127:
- * the Q8_K quants are -127..127, as the quantizer makes them); Q5_K's whole
- * sub-block (32 * 31 * 127), by a 32-bit multiply (one per 32 elements, 2
- * uops, where runs of 8 would take 4 multiply-adds). */
-SBX_ALWAYS int kq_run(kq_fmt f) { return f == KQ_Q5_K ? 32 : f == KQ_Q6_K ? 8 : 16; }
+ * 127 at most) and on AVX2 Q6_K, whose quants less 32 take runs of 8 (8 * 32
+ * * 127: the Q8_K quants are -127..127, as the quantizer makes them); by a
+ * 32-bit multiply (kq_mul32), Q5_K's whole sub-block (32 * 31 * 127; one per
+ * 32 elements, where runs of 8 would take 4 multiply-adds) and on AVX-512
+ * Q6_K's (16 * 63 * 127). */
+SBX_ALWAYS bool kq_mul32(kq_fmt f) { return f == KQ_Q5_K || (f == KQ_Q6_K && KQ_Q6_MUL32); }
+SBX_ALWAYS int kq_run(kq_fmt f) { return f == KQ_Q5_K ? 32 : f == KQ_Q6_K && !KQ_Q6_MUL32 ? 8 : 16; }
+/* Q5_K's runs of 32 as two chains of 16 (shorter dependency chains: 110M
+ * Q5_K_M pp512 +2.5%) */
 SBX_ALWAYS bool kq_wide(kq_fmt f) { return f == KQ_Q5_K; }
 
 /* Per token and block: the 4 pairs of Q4_K's and Q5_K's sub-block sums (of
- * 32; 2i in the low int16 of dword i, 2i + 1 in the high), then the 32
- * values -32 * (sum of 8) as int32 (Q6_K's runs start from them), then the
- * 16 values -4 * bsum_j (Q3_K's). Q2_K's mins take the bsums of the Q8_K
- * row. */
-#define KQ_TERMS 208
-#define KQ_TERMS_BIAS6 16
-#define KQ_TERMS_BIAS3 144
+ * 32; 2i in the low int16 of dword i, 2i + 1 in the high), then the 16
+ * values -4 * bsum_j (Q3_K's), then on AVX2 the 32 values -32 * (sum of 8)
+ * as int32 (Q6_K's runs start from them). Q2_K's mins and AVX-512 Q6_K's
+ * +32 take the bsums of the Q8_K row. */
+#define KQ_TERMS_BIAS3 16
+#define KQ_TERMS_BIAS6 80
+#define KQ_TERMS (KQ_Q6_MUL32 ? 80 : 208)
 
 /* acc + a.lo*b.lo + a.hi*b.hi per int32 lane of int16 halves (vpdpwssd,
  * pmaddwd). With one operand's high half zero that is the one product of
@@ -177,7 +194,8 @@ SBX_ALWAYS void kq_scales(kq_fmt f, const uint8_t *s, vi sc[16], vi mn[8]) {
     }
     case KQ_Q6_K:
         SBX_UNROLL for (int j = 0; j < 16; j++)
-            sc[j] = vi_and(qk_widen_signed(s + j * QB_R), vi_set1_32(0xffff));
+            sc[j] = KQ_Q6_MUL32 ? qk_widen_signed(s + j * QB_R)
+                                : vi_and(qk_widen_signed(s + j * QB_R), vi_set1_32(0xffff));
         break;
     default: {
         vi m[8];
@@ -313,34 +331,43 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
             for (int t = 0; t < T; t++) {
                 const uint8_t *xq = x + (size_t)t * xs + xb0 + offsetof(sb_block_q8_K, qs);
                 const uint8_t *ct = xc + (size_t)t * xs + ct0;
-                /* two sums of scaled runs, and Q5_K's runs of 32 as two
-                 * chains of 16 (shorter dependency chains: 110M Q5_K_M pp512 +2.5%) */
+                /* two sums of scaled runs (kq_wide: two chains per run) */
                 vi part[2] = {u == 0 ? vi_zero() : isum[t], vi_zero()}, s[2] = {vi_zero(), vi_zero()};
                 SBX_UNROLL for (int e = 0; e < 64; e += 4) {
                     const int g = kq_unit_group(f, u, e / 16), q = 16 * g + e % 16; /* element q.. */
                     const int c = kq_wide(f) ? q / 16 % 2 : 0;
                     if (q % run == 0)
-                        s[0] = f == KQ_Q6_K   ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS6 + 4 * (q / run)))
-                               : f == KQ_Q3_K ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * (q / run)))
-                                              : vi_zero();
+                        s[0] = f == KQ_Q3_K                   ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * (q / run)))
+                               : f == KQ_Q6_K && !KQ_Q6_MUL32 ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS6 + 4 * (q / run)))
+                                                              : vi_zero();
                     if (kq_wide(f) && q % 16 == 0 && c == 1)
                         s[1] = vi_zero();
                     s[c] = qb_dot4(s[c], wq[q / 4], xq + q);
                     if ((q + 4) % run == 0) {
                         const int j = q / sub, p = q / run % 2; /* the run's sub-block */
-                        part[p] = kq_wide(f) ? vi_add32(part[p], vi_mullo32(vi_add32(s[0], s[1]), sc[j]))
-                                             : qk_madd(part[p], s[0], sc[j]);
+                        const vi sum = kq_wide(f) ? vi_add32(s[0], s[1]) : s[0];
+                        part[p] = kq_mul32(f) ? vi_add32(part[p], vi_mullo32(sum, sc[j])) : qk_madd(part[p], sum, sc[j]);
                     }
                 }
                 isum[t] = vi_add32(part[0], part[1]);
             }
         }
         const vf dw = qk_f16(mb), dmw = kq_mins(f) ? qk_f16(mb + 2 * QB_R) : vf_zero();
+        if (f == KQ_Q6_K && KQ_Q6_MUL32) /* its scales as pairs, as the mins of the others, for the +32 term */
+            SBX_UNROLL for (int i = 0; i < 8; i++)
+                mn[i] = vi_or(vi_and(sc[2 * i], vi_set1_32(0xffff)), vi_slli32(sc[2 * i + 1], 16));
         for (int t = 0; t < T; t++) {
             const uint8_t *xb = x + (size_t)t * xs + xb0, *ct = xc + (size_t)t * xs + ct0;
             float dx;
             memcpy(&dx, xb, sizeof(dx));
             const vf vdx = vf_set1(dx);
+            if (f == KQ_Q6_K && KQ_Q6_MUL32) {
+                /* the quants' +32: 32 * sum of sc_j * bsum_j, pairs of each */
+                vi off = vi_zero();
+                SBX_UNROLL for (int j = 0; j < 8; j++)
+                    off = qk_madd(off, mn[j], vi_set1_32(load_i32(xb + offsetof(sb_block_q8_K, bsums) + 4 * j)));
+                isum[t] = vi_sub32(isum[t], vi_slli32(off, 5));
+            }
             acc[t] = vf_fma(vi_to_vf(isum[t]), vf_mul(dw, vdx), acc[t]);
             if (kq_mins(f)) {
                 /* pairs of m (16-bit halves) times pairs of sums: Q2_K's
@@ -384,6 +411,7 @@ SBX_ALWAYS void kq_packed(kq_fmt f, bool gfni, int64_t n, const void *wv, size_t
     }
 }
 
+#if !KQ_Q6_MUL32
 /* The 32 values -32 * (sum of 8 quants) of one Q8_K block, as int32 at out:
  * each sum of 8 is a sum of absolute differences from 0 of the quants
  * plus 128 (unsigned), less 8 * 128. On the caller between two parallel
@@ -391,22 +419,14 @@ SBX_ALWAYS void kq_packed(kq_fmt f, bool gfni, int64_t n, const void *wv, size_t
  * 8-token, 768-wide conversion cost. */
 SBX_ALWAYS void kq_run_biases(const int8_t *qs, uint8_t *out) {
     const vi flip = vi_set1_8((char)0x80);
-#if SBX_AVX512
-    SBX_UNROLL for (int k = 0; k < 4; k++) {
-        const __m512i sums = _mm512_sad_epu8(_mm512_xor_si512(vi_loadu(qs + 64 * k), flip), _mm512_setzero_si512());
-        const __m256i s = _mm512_cvtepi64_epi32(sums);
-        _mm256_storeu_si256((__m256i *)(out + 32 * k),
-                            _mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(8 * 128), s), 5));
-    }
-#else
     SBX_UNROLL for (int k = 0; k < 8; k++) {
         const __m256i sums = _mm256_sad_epu8(_mm256_xor_si256(vi_loadu(qs + 32 * k), flip), _mm256_setzero_si256());
         const __m256i low_dwords = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
         const __m128i s = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(sums, low_dwords));
         _mm_storeu_si128((__m128i *)(out + 16 * k), _mm_slli_epi32(_mm_sub_epi32(_mm_set1_epi32(8 * 128), s), 5));
     }
-#endif
 }
+#endif
 
 /* The terms of one Q8_K row (KQ_TERMS per block). */
 static void kq_terms(const void *x, int64_t n, void *dst) {
@@ -419,11 +439,13 @@ static void kq_terms(const void *x, int64_t n, void *dst) {
             const uint32_t v = lo | hi << 16;
             memcpy(out + 4 * i, &v, sizeof(v));
         }
-        kq_run_biases(xb[b].qs, out + KQ_TERMS_BIAS6);
         for (int j = 0; j < 16; j++) {
             const int32_t v3 = -4 * bs[j];
             memcpy(out + KQ_TERMS_BIAS3 + 4 * j, &v3, sizeof(v3));
         }
+#if !KQ_Q6_MUL32
+        kq_run_biases(xb[b].qs, out + KQ_TERMS_BIAS6);
+#endif
     }
 }
 
