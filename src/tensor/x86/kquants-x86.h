@@ -13,21 +13,21 @@
  * for every row, 4 quant bytes of the same elements. A token's sub-block is
  * then a chain of four-byte products of those vectors with its activation
  * bytes broadcast, scaled by the rows' sc_j: runs whose sums fit int16 by
- * a 16-bit multiply-add (16 elements of Q2_K, Q3_K, Q4_K; on AVX2 8 of
- * Q6_K, its quants less 32); Q5_K's sub-blocks (up to 32 * 31 * 127), and on
- * AVX-512 Q6_K's (16 * 63 * 127), by one 32-bit multiply each (fewer uops
- * than the multiply-adds of shorter runs). Quants are unpacked unsigned.
- * Q3_K's +4, and on AVX2 Q6_K's +32, come off through the chains' starting
- * values, -4 * bsum_j and -32 times the sum of the run's activations; on
- * AVX-512 Q6_K's +32 as 32 times the block's sum of sc_j * bsum_j, 8 16-bit
- * multiply-adds of pairs of the rows' sc_j with pairs of the token's bsums,
- * as the mins' term of the formats with mins is 4 to 8 of them (pairs of m_j
- * with pairs of the token's sums). The terms are prepared once per call (the
- * packing's terms, shared by the five formats so that a layer's Q4_K or Q5_K
- * and Q6_K matrices take one conversion of their input). Integers are exact,
- * so only the fmas per block and row, the scale products, the conversions
- * and the final acc - accm are float work, the reference's own, in its
- * order.
+ * a 16-bit multiply-add (16 elements of Q2_K, Q3_K, Q4_K; 8 of Q6_K, its
+ * quants less 32); Q5_K's sub-blocks (up to 32 * 31 * 127), and Q6_K's (16 *
+ * 63 * 127) in AVX-512's batched tiles (KQ_Q6_M32_BATCHED), by one 32-bit multiply
+ * each (fewer uops than the multiply-adds of shorter runs). Quants are
+ * unpacked unsigned. Q3_K's +4 and Q6_K's +32 come off through the chains'
+ * starting values, -4 * bsum_j and -32 times the sum of the run's
+ * activations, or, with Q6_K's multiplies, as 32 times the block's sum of
+ * sc_j * bsum_j: 8 16-bit multiply-adds of pairs of the rows' sc_j with
+ * pairs of the token's bsums, as the mins' term of the formats with mins is
+ * 4 to 8 of them (pairs of m_j with pairs of the token's sums). The terms
+ * are prepared once per call (the packing's terms, shared by the five
+ * formats so that a layer's Q4_K or Q5_K and Q6_K matrices take one
+ * conversion of their input). Integers are exact, so only the fmas per block
+ * and row, the scale products, the conversions and the final acc - accm are
+ * float work, the reference's own, in its order.
  *
  * A tile takes each block of its rows a quarter at a time (16 vectors of
  * quants unpacked into registers; the scales and mins decoded once per
@@ -82,35 +82,36 @@ SBX_ALWAYS bool kq_mins(kq_fmt f) { return f == KQ_Q2_K || f == KQ_Q4_K || f == 
 SBX_ALWAYS int kq_nscales(kq_fmt f) { return f == KQ_Q2_K || f == KQ_Q6_K ? 16 : 12; } /* scale bytes */
 SBX_ALWAYS size_t kq_meta(kq_fmt f) { return (kq_mins(f) ? 4 : 2) + (size_t)kq_nscales(f); }
 SBX_ALWAYS int kq_sub(kq_fmt f) { return f == KQ_Q4_K || f == KQ_Q5_K ? 32 : 16; } /* elements per sub-block */
-/* Q6_K's sub-blocks by a 32-bit multiply, its +32 by the bsums (AVX-512),
- * or in runs of 8 of its quants less 32 (AVX2). A run of 8 takes a
+/* Q6_K's sub-blocks of 16 by a 32-bit multiply, its +32 from the bsums
+ * (m32: the tiles of several tokens on AVX-512), or in runs of 8 of its quants less 32. A run of 8 takes a
  * multiply-add and a broadcast starting value, where vpdpbusd adds its
- * products into the chain for free: on AVX-512 the multiply per 16 made the
- * 8-token tile 1.17x faster (Zen 5, 768 x 32000, 361-366 -> 420-432
- * GFLOP/s), on AVX2 (pmaddubsw, pmaddwd and an add per 4 bytes either way)
- * 8% slower. */
-#define KQ_Q6_MUL32 SBX_AVX512
+ * products into the chain for free: in the AVX-512 tiles of several tokens
+ * the multiply per 16 is 1.17x faster (Zen 5, 8 tokens, 768 x 32000: 361-366
+ * -> 420-432 GFLOP/s); for one token (decode) it streamed cold rows of 2048
+ * and more at 18-21 GB/s against 33-35, and on AVX2 (pmaddubsw, pmaddwd and
+ * an add per 4 bytes either way) it is 8% slower. */
+#define KQ_Q6_M32_BATCHED SBX_AVX512
 /* Elements per chain of products that one scale multiplies: sums within
  * int16, scaled by a 16-bit multiply-add, for Q2_K, Q3_K and Q4_K (16 * 15 *
- * 127 at most) and on AVX2 Q6_K, whose quants less 32 take runs of 8 (8 * 32
- * * 127: the Q8_K quants are -127..127, as the quantizer makes them); by a
- * 32-bit multiply (kq_mul32), Q5_K's whole sub-block (32 * 31 * 127; one per
- * 32 elements, where runs of 8 would take 4 multiply-adds) and on AVX-512
- * Q6_K's (16 * 63 * 127). */
-SBX_ALWAYS bool kq_mul32(kq_fmt f) { return f == KQ_Q5_K || (f == KQ_Q6_K && KQ_Q6_MUL32); }
-SBX_ALWAYS int kq_run(kq_fmt f) { return f == KQ_Q5_K ? 32 : f == KQ_Q6_K && !KQ_Q6_MUL32 ? 8 : 16; }
+ * 127 at most) and Q6_K, whose quants less 32 take runs of 8 (8 * 32 * 127:
+ * the Q8_K quants are -127..127, as the quantizer makes them); by a 32-bit
+ * multiply (kq_mul32), Q5_K's whole sub-block (32 * 31 * 127; one per 32
+ * elements, where runs of 8 would take 4 multiply-adds) and with m32 Q6_K's
+ * (16 * 63 * 127). */
+SBX_ALWAYS bool kq_mul32(kq_fmt f, bool m32) { return f == KQ_Q5_K || (f == KQ_Q6_K && m32); }
+SBX_ALWAYS int kq_run(kq_fmt f, bool m32) { return f == KQ_Q5_K ? 32 : f == KQ_Q6_K && !m32 ? 8 : 16; }
 /* Q5_K's runs of 32 as two chains of 16 (shorter dependency chains: 110M
  * Q5_K_M pp512 +2.5%) */
 SBX_ALWAYS bool kq_wide(kq_fmt f) { return f == KQ_Q5_K; }
 
 /* Per token and block: the 4 pairs of Q4_K's and Q5_K's sub-block sums (of
  * 32; 2i in the low int16 of dword i, 2i + 1 in the high), then the 16
- * values -4 * bsum_j (Q3_K's), then on AVX2 the 32 values -32 * (sum of 8)
- * as int32 (Q6_K's runs start from them). Q2_K's mins and AVX-512 Q6_K's
- * +32 take the bsums of the Q8_K row. */
+ * values -4 * bsum_j (Q3_K's), then the 32 values -32 * (sum of 8) as int32
+ * (Q6_K's runs of 8 start from them). Q2_K's mins and Q6_K's m32 +32 take
+ * the bsums of the Q8_K row. */
 #define KQ_TERMS_BIAS3 16
 #define KQ_TERMS_BIAS6 80
-#define KQ_TERMS (KQ_Q6_MUL32 ? 80 : 208)
+#define KQ_TERMS 208
 
 /* acc + a.lo*b.lo + a.hi*b.hi per int32 lane of int16 halves (vpdpwssd,
  * pmaddwd). With one operand's high half zero that is the one product of
@@ -170,7 +171,7 @@ SBX_ALWAYS void qk_scales(const uint8_t *s, vi sc[8], vi m[8]) {
  * bytes at s: Q4_K, Q5_K as qk_scales, their mins as pairs (m_2i in the low
  * half, m_2i+1 in the high), as Q2_K's, whose scales are a nibble each; Q6_K
  * int8; Q3_K 6-bit values less 32, as sb__q3_scale. */
-SBX_ALWAYS void kq_scales(kq_fmt f, const uint8_t *s, vi sc[16], vi mn[8]) {
+SBX_ALWAYS void kq_scales(kq_fmt f, bool m32, const uint8_t *s, vi sc[16], vi mn[8]) {
     const vi m4 = vi_set1_32(0xf);
     switch (f) {
     case KQ_Q2_K:
@@ -194,8 +195,7 @@ SBX_ALWAYS void kq_scales(kq_fmt f, const uint8_t *s, vi sc[16], vi mn[8]) {
     }
     case KQ_Q6_K:
         SBX_UNROLL for (int j = 0; j < 16; j++)
-            sc[j] = KQ_Q6_MUL32 ? qk_widen_signed(s + j * QB_R)
-                                : vi_and(qk_widen_signed(s + j * QB_R), vi_set1_32(0xffff));
+            sc[j] = m32 ? qk_widen_signed(s + j * QB_R) : vi_and(qk_widen_signed(s + j * QB_R), vi_set1_32(0xffff));
         break;
     default: {
         vi m[8];
@@ -294,7 +294,8 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[6
 
 /* T (at most QK_T) tokens against one packed group of QB_R rows:
  * y[t*ldy + r]. x: the tokens' Q8_K rows, xs apart, each followed (at xc) by
- * its terms; pf: the next group, prefetched a quarter block per unit, or
+ * its terms; m32: Q6_K by 32-bit multiplies; pf: the next group, prefetched
+ * a quarter block per unit, or
  * NULL. Units outer, tokens inner: a unit's 16 quant vectors stay in
  * registers for all T tokens, where a whole unpacked block (64 vectors)
  * went through the stack and was reloaded for every token; each token's
@@ -302,12 +303,12 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[6
  * Beyond one token (decode, a constant: +10% hot) T is a run-time count, so
  * that two bodies per format instead of eight keep the code, and the
  * compile (clang's above all), a fraction of the size. */
-SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs,
+SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs,
                         const uint8_t *xc, float *y, size_t ldy, const uint8_t *pf) {
     const size_t qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
     /* loop bounds as constants: a division in a loop's condition gets a
      * UBSan check, and the unroll pragma is lost */
-    const int sub = kq_sub(f), run = kq_run(f), n_mins = f == KQ_Q2_K ? 8 : 4;
+    const int sub = kq_sub(f), run = kq_run(f, m32), n_mins = f == KQ_Q2_K ? 8 : 4;
     const uint8_t *meta = w + (size_t)nb * qsz;
     vf acc[QK_T], accm[QK_T];
     for (int t = 0; t < T; t++)
@@ -317,7 +318,7 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
         if (pf)
             prefetch_ahead(pf + (size_t)nb * qsz + (size_t)b * msz, msz);
         vi sc[16], mn[8], isum[QK_T];
-        kq_scales(f, mb + (kq_mins(f) ? 4 : 2) * QB_R, sc, mn);
+        kq_scales(f, m32, mb + (kq_mins(f) ? 4 : 2) * QB_R, sc, mn);
         const size_t xb0 = (size_t)b * sizeof(sb_block_q8_K), ct0 = (size_t)b * KQ_TERMS;
         SBX_UNROLL for (int u = 0; u < 4; u++) {
             vi wq[64];
@@ -337,23 +338,23 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
                     const int g = kq_unit_group(f, u, e / 16), q = 16 * g + e % 16; /* element q.. */
                     const int c = kq_wide(f) ? q / 16 % 2 : 0;
                     if (q % run == 0)
-                        s[0] = f == KQ_Q3_K                   ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * (q / run)))
-                               : f == KQ_Q6_K && !KQ_Q6_MUL32 ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS6 + 4 * (q / run)))
-                                                              : vi_zero();
+                        s[0] = f == KQ_Q3_K           ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * (q / run)))
+                               : f == KQ_Q6_K && !m32 ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS6 + 4 * (q / run)))
+                                                      : vi_zero();
                     if (kq_wide(f) && q % 16 == 0 && c == 1)
                         s[1] = vi_zero();
                     s[c] = qb_dot4(s[c], wq[q / 4], xq + q);
                     if ((q + 4) % run == 0) {
                         const int j = q / sub, p = q / run % 2; /* the run's sub-block */
                         const vi sum = kq_wide(f) ? vi_add32(s[0], s[1]) : s[0];
-                        part[p] = kq_mul32(f) ? vi_add32(part[p], vi_mullo32(sum, sc[j])) : qk_madd(part[p], sum, sc[j]);
+                        part[p] = kq_mul32(f, m32) ? vi_add32(part[p], vi_mullo32(sum, sc[j])) : qk_madd(part[p], sum, sc[j]);
                     }
                 }
                 isum[t] = vi_add32(part[0], part[1]);
             }
         }
         const vf dw = qk_f16(mb), dmw = kq_mins(f) ? qk_f16(mb + 2 * QB_R) : vf_zero();
-        if (f == KQ_Q6_K && KQ_Q6_MUL32) /* its scales as pairs, as the mins of the others, for the +32 term */
+        if (f == KQ_Q6_K && m32) /* its scales as pairs, as the mins of the others, for the +32 term */
             SBX_UNROLL for (int i = 0; i < 8; i++)
                 mn[i] = vi_or(vi_and(sc[2 * i], vi_set1_32(0xffff)), vi_slli32(sc[2 * i + 1], 16));
         for (int t = 0; t < T; t++) {
@@ -361,7 +362,7 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w
             float dx;
             memcpy(&dx, xb, sizeof(dx));
             const vf vdx = vf_set1(dx);
-            if (f == KQ_Q6_K && KQ_Q6_MUL32) {
+            if (f == KQ_Q6_K && m32) {
                 /* the quants' +32: 32 * sum of sc_j * bsum_j, pairs of each */
                 vi off = vi_zero();
                 SBX_UNROLL for (int j = 0; j < 8; j++)
@@ -403,15 +404,15 @@ SBX_ALWAYS void kq_packed(kq_fmt f, bool gfni, int64_t n, const void *wv, size_t
                 float *yt = y + (size_t)t * ldy + (size_t)r;
                 const uint8_t *pf = t == t0 && pf_next ? wr + (size_t)QB_R * ws : NULL;
                 if (t1 - t == 1)
-                    kq_tile(f, gfni, 1, nb, wr, xt, xs, xct, yt, ldy, pf);
+                    kq_tile(f, gfni, false, 1, nb, wr, xt, xs, xct, yt, ldy, pf);
                 else
-                    kq_tile(f, gfni, t1 - t < QK_T ? (int)(t1 - t) : QK_T, nb, wr, xt, xs, xct, yt, ldy, pf);
+                    kq_tile(f, gfni, KQ_Q6_M32_BATCHED, t1 - t < QK_T ? (int)(t1 - t) : QK_T, nb, wr, xt, xs, xct,
+                            yt, ldy, pf);
             }
         }
     }
 }
 
-#if !KQ_Q6_MUL32
 /* The 32 values -32 * (sum of 8 quants) of one Q8_K block, as int32 at out:
  * each sum of 8 is a sum of absolute differences from 0 of the quants
  * plus 128 (unsigned), less 8 * 128. On the caller between two parallel
@@ -419,14 +420,22 @@ SBX_ALWAYS void kq_packed(kq_fmt f, bool gfni, int64_t n, const void *wv, size_t
  * 8-token, 768-wide conversion cost. */
 SBX_ALWAYS void kq_run_biases(const int8_t *qs, uint8_t *out) {
     const vi flip = vi_set1_8((char)0x80);
+#if SBX_AVX512
+    SBX_UNROLL for (int k = 0; k < 4; k++) {
+        const __m512i sums = _mm512_sad_epu8(_mm512_xor_si512(vi_loadu(qs + 64 * k), flip), _mm512_setzero_si512());
+        const __m256i s = _mm512_cvtepi64_epi32(sums);
+        _mm256_storeu_si256((__m256i *)(out + 32 * k),
+                            _mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(8 * 128), s), 5));
+    }
+#else
     SBX_UNROLL for (int k = 0; k < 8; k++) {
         const __m256i sums = _mm256_sad_epu8(_mm256_xor_si256(vi_loadu(qs + 32 * k), flip), _mm256_setzero_si256());
         const __m256i low_dwords = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
         const __m128i s = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(sums, low_dwords));
         _mm_storeu_si128((__m128i *)(out + 16 * k), _mm_slli_epi32(_mm_sub_epi32(_mm_set1_epi32(8 * 128), s), 5));
     }
-}
 #endif
+}
 
 /* The terms of one Q8_K row (KQ_TERMS per block). */
 static void kq_terms(const void *x, int64_t n, void *dst) {
@@ -443,9 +452,7 @@ static void kq_terms(const void *x, int64_t n, void *dst) {
             const int32_t v3 = -4 * bs[j];
             memcpy(out + KQ_TERMS_BIAS3 + 4 * j, &v3, sizeof(v3));
         }
-#if !KQ_Q6_MUL32
         kq_run_biases(xb[b].qs, out + KQ_TERMS_BIAS6);
-#endif
     }
 }
 
