@@ -15,8 +15,8 @@
  * bytes broadcast, scaled by the rows' sc_j: runs whose sums fit int16 by
  * a 16-bit multiply-add (16 elements of Q2_K, Q3_K, Q4_K; 8 of Q6_K, its
  * quants less 32); Q5_K's sub-blocks (up to 32 * 31 * 127), and Q6_K's (16 *
- * 63 * 127) in AVX-512's batched tiles (KQ_Q6_M32_BATCHED), by one 32-bit multiply
- * each (fewer uops than the multiply-adds of shorter runs). Quants are
+ * 63 * 127) in AVX-512's batched tiles (KQ_Q6_M32_BATCHED), by one 32-bit
+ * multiply each (fewer uops than the multiply-adds of shorter runs). Quants are
  * unpacked unsigned. Q3_K's +4 and Q6_K's +32 come off through the chains'
  * starting values, -4 * bsum_j and -32 times the sum of the run's
  * activations, or, with Q6_K's multiplies, as 32 times the block's sum of
@@ -83,11 +83,11 @@ SBX_ALWAYS int kq_nscales(kq_fmt f) { return f == KQ_Q2_K || f == KQ_Q6_K ? 16 :
 SBX_ALWAYS size_t kq_meta(kq_fmt f) { return (kq_mins(f) ? 4 : 2) + (size_t)kq_nscales(f); }
 SBX_ALWAYS int kq_sub(kq_fmt f) { return f == KQ_Q4_K || f == KQ_Q5_K ? 32 : 16; } /* elements per sub-block */
 /* Q6_K's sub-blocks of 16 by a 32-bit multiply, its +32 from the bsums
- * (m32: the tiles of several tokens on AVX-512), or in runs of 8 of its quants less 32. A run of 8 takes a
- * multiply-add and a broadcast starting value, where vpdpbusd adds its
- * products into the chain for free: in the AVX-512 tiles of several tokens
+ * (m32: the tiles of several tokens on AVX-512), or in runs of 8 of its
+ * quants less 32. A run of 8 takes a multiply-add and a broadcast starting
+ * value, where vpdpbusd adds its products into the chain for free: in the AVX-512 tiles of several tokens
  * the multiply per 16 is 1.17x faster (Zen 5, 8 tokens, 768 x 32000: 361-366
- * -> 420-432 GFLOP/s); for one token (decode) it streamed cold rows of 2048
+ * -> 412-433 GFLOP/s); for one token (decode) it streamed cold rows of 2048
  * and more at 18-21 GB/s against 33-35, and on AVX2 (pmaddubsw, pmaddwd and
  * an add per 4 bytes either way) it is 8% slower. */
 #define KQ_Q6_M32_BATCHED SBX_AVX512
@@ -105,13 +105,13 @@ SBX_ALWAYS int kq_run(kq_fmt f, bool m32) { return f == KQ_Q5_K ? 32 : f == KQ_Q
 SBX_ALWAYS bool kq_wide(kq_fmt f) { return f == KQ_Q5_K; }
 
 /* Per token and block: the 4 pairs of Q4_K's and Q5_K's sub-block sums (of
- * 32; 2i in the low int16 of dword i, 2i + 1 in the high), then the 16
- * values -4 * bsum_j (Q3_K's), then the 32 values -32 * (sum of 8) as int32
- * (Q6_K's runs of 8 start from them). Q2_K's mins and Q6_K's m32 +32 take
+ * 32; 2i in the low int16 of dword i, 2i + 1 in the high), then the 32
+ * values -32 * (sum of 8) as int32 (Q6_K's runs of 8 start from them), then
+ * the 16 values -4 * bsum_j (Q3_K's). Q2_K's mins and Q6_K's m32 +32 take
  * the bsums of the Q8_K row. */
-#define KQ_TERMS_BIAS3 16
-#define KQ_TERMS_BIAS6 80
 #define KQ_TERMS 208
+#define KQ_TERMS_BIAS6 16
+#define KQ_TERMS_BIAS3 144
 
 /* acc + a.lo*b.lo + a.hi*b.hi per int32 lane of int16 halves (vpdpwssd,
  * pmaddwd). With one operand's high half zero that is the one product of
@@ -295,8 +295,7 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[6
 /* T (at most QK_T) tokens against one packed group of QB_R rows:
  * y[t*ldy + r]. x: the tokens' Q8_K rows, xs apart, each followed (at xc) by
  * its terms; m32: Q6_K by 32-bit multiplies; pf: the next group, prefetched
- * a quarter block per unit, or
- * NULL. Units outer, tokens inner: a unit's 16 quant vectors stay in
+ * a quarter block per unit, or NULL. Units outer, tokens inner: a unit's 16 quant vectors stay in
  * registers for all T tokens, where a whole unpacked block (64 vectors)
  * went through the stack and was reloaded for every token; each token's
  * block sum stays an int32 per row (isum[t]), the reference's integer.
@@ -347,7 +346,8 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
                     if ((q + 4) % run == 0) {
                         const int j = q / sub, p = q / run % 2; /* the run's sub-block */
                         const vi sum = kq_wide(f) ? vi_add32(s[0], s[1]) : s[0];
-                        part[p] = kq_mul32(f, m32) ? vi_add32(part[p], vi_mullo32(sum, sc[j])) : qk_madd(part[p], sum, sc[j]);
+                        part[p] = kq_mul32(f, m32) ? vi_add32(part[p], vi_mullo32(sum, sc[j]))
+                                                   : qk_madd(part[p], sum, sc[j]);
                     }
                 }
                 isum[t] = vi_add32(part[0], part[1]);
@@ -448,11 +448,11 @@ static void kq_terms(const void *x, int64_t n, void *dst) {
             const uint32_t v = lo | hi << 16;
             memcpy(out + 4 * i, &v, sizeof(v));
         }
+        kq_run_biases(xb[b].qs, out + KQ_TERMS_BIAS6);
         for (int j = 0; j < 16; j++) {
             const int32_t v3 = -4 * bs[j];
             memcpy(out + KQ_TERMS_BIAS3 + 4 * j, &v3, sizeof(v3));
         }
-        kq_run_biases(xb[b].qs, out + KQ_TERMS_BIAS6);
     }
 }
 
