@@ -16,8 +16,8 @@
  * a 16-bit multiply-add (16 elements of Q2_K, Q3_K, Q4_K; 8 of Q6_K, its
  * quants less 32); Q5_K's sub-blocks (up to 32 * 31 * 127), and Q6_K's (16 *
  * 63 * 127) in AVX-512's batched tiles (KQ_Q6_M32_BATCHED), by one 32-bit
- * multiply each (fewer uops than the multiply-adds of shorter runs). Quants are
- * unpacked unsigned. Q3_K's +4 and Q6_K's +32 come off through the chains'
+ * multiply each (fewer uops than the multiply-adds of shorter runs). Quants
+ * are unpacked unsigned. Q3_K's +4 and Q6_K's +32 come off through the chains'
  * starting values, -4 * bsum_j and -32 times the sum of the run's
  * activations, or, with Q6_K's multiplies, as 32 times the block's sum of
  * sc_j * bsum_j: 8 16-bit multiply-adds of pairs of the rows' sc_j with
@@ -85,11 +85,12 @@ SBX_ALWAYS int kq_sub(kq_fmt f) { return f == KQ_Q4_K || f == KQ_Q5_K ? 32 : 16;
 /* Q6_K's sub-blocks of 16 by a 32-bit multiply, its +32 from the bsums
  * (m32: the tiles of several tokens on AVX-512), or in runs of 8 of its
  * quants less 32. A run of 8 takes a multiply-add and a broadcast starting
- * value, where vpdpbusd adds its products into the chain for free: in the AVX-512 tiles of several tokens
- * the multiply per 16 is 1.17x faster (Zen 5, 8 tokens, 768 x 32000: 361-366
- * -> 412-433 GFLOP/s); for one token (decode) it streamed cold rows of 2048
- * and more at 18-21 GB/s against 33-35, and on AVX2 (pmaddubsw, pmaddwd and
- * an add per 4 bytes either way) it is 8% slower. */
+ * value, where vpdpbusd adds its products into the chain for free: in the
+ * AVX-512 tiles of several tokens the multiply per 16 is 1.17x faster (Zen
+ * 5, 8 tokens, 768 x 32000: 361-366 -> 412-433 GFLOP/s); for one token
+ * (decode) it streamed cold rows of 2048 and more at 18-21 GB/s against
+ * 33-35, and on AVX2 (pmaddubsw, pmaddwd and an add per 4 bytes either way)
+ * it is 8% slower. */
 #define KQ_Q6_M32_BATCHED SBX_AVX512
 /* Elements per chain of products that one scale multiplies: sums within
  * int16, scaled by a 16-bit multiply-add, for Q2_K, Q3_K and Q4_K (16 * 15 *
@@ -170,7 +171,8 @@ SBX_ALWAYS void qk_scales(const uint8_t *s, vi sc[8], vi m[8]) {
  * multiply-add takes them) and mins of one block from its transposed scale
  * bytes at s: Q4_K, Q5_K as qk_scales, their mins as pairs (m_2i in the low
  * half, m_2i+1 in the high), as Q2_K's, whose scales are a nibble each; Q6_K
- * int8; Q3_K 6-bit values less 32, as sb__q3_scale. */
+ * int8 (with m32 sign-extended, and as such pairs in mn for its +32 term);
+ * Q3_K 6-bit values less 32, as sb__q3_scale. */
 SBX_ALWAYS void kq_scales(kq_fmt f, bool m32, const uint8_t *s, vi sc[16], vi mn[8]) {
     const vi m4 = vi_set1_32(0xf);
     switch (f) {
@@ -196,6 +198,9 @@ SBX_ALWAYS void kq_scales(kq_fmt f, bool m32, const uint8_t *s, vi sc[16], vi mn
     case KQ_Q6_K:
         SBX_UNROLL for (int j = 0; j < 16; j++)
             sc[j] = m32 ? qk_widen_signed(s + j * QB_R) : vi_and(qk_widen_signed(s + j * QB_R), vi_set1_32(0xffff));
+        if (m32) /* also as pairs, for the +32 term */
+            SBX_UNROLL for (int i = 0; i < 8; i++)
+                mn[i] = vi_or(vi_and(sc[2 * i], vi_set1_32(0xffff)), vi_slli32(sc[2 * i + 1], 16));
         break;
     default: {
         vi m[8];
@@ -295,8 +300,8 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[6
 /* T (at most QK_T) tokens against one packed group of QB_R rows:
  * y[t*ldy + r]. x: the tokens' Q8_K rows, xs apart, each followed (at xc) by
  * its terms; m32: Q6_K by 32-bit multiplies; pf: the next group, prefetched
- * a quarter block per unit, or NULL. Units outer, tokens inner: a unit's 16 quant vectors stay in
- * registers for all T tokens, where a whole unpacked block (64 vectors)
+ * a quarter block per unit, or NULL. Units outer, tokens inner: a unit's 16
+ * quant vectors stay in registers for all T tokens, where a whole unpacked block (64 vectors)
  * went through the stack and was reloaded for every token; each token's
  * block sum stays an int32 per row (isum[t]), the reference's integer.
  * Beyond one token (decode, a constant: +10% hot) T is a run-time count, so
@@ -354,9 +359,6 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
             }
         }
         const vf dw = qk_f16(mb), dmw = kq_mins(f) ? qk_f16(mb + 2 * QB_R) : vf_zero();
-        if (f == KQ_Q6_K && m32) /* its scales as pairs, as the mins of the others, for the +32 term */
-            SBX_UNROLL for (int i = 0; i < 8; i++)
-                mn[i] = vi_or(vi_and(sc[2 * i], vi_set1_32(0xffff)), vi_slli32(sc[2 * i + 1], 16));
         for (int t = 0; t < T; t++) {
             const uint8_t *xb = x + (size_t)t * xs + xb0, *ct = xc + (size_t)t * xs + ct0;
             float dx;
