@@ -21,9 +21,12 @@ test('two replicas share a key through Redis; Redis dying fails no request', { s
   const key = createKey(state, 'shared', ['--rps', '5']);
   const wide = createKey(state, 'wide', ['--rps', '1000']);
   const args = ['--state-dir', state, '--redis', redis.url];
-  const a = await startServer(args);
-  const b = await startServer(args);
+  // Inside the try: a replica that fails to start must not leave Redis
+  // running, which would keep this process (and the suite) alive forever.
+  let a, b;
   try {
+    a = await startServer(args);
+    b = await startServer(args);
     // One bucket for both: 100 requests alternating between the replicas.
     const t0 = Date.now();
     const { admitted, refused } = await hammer({
@@ -75,7 +78,7 @@ test('two replicas share a key through Redis; Redis dying fails no request', { s
     }
   } finally {
     await redis.stop().catch(() => {});
-    await a.stop();
-    await b.stop();
+    await a?.stop();
+    await b?.stop();
   }
 });
