@@ -1,12 +1,12 @@
 /*
  * matmul.c - matrix times activations on the thread pool, and row lookup.
  *
- * Two parallel loops: every activation row is converted once to the weights'
- * vec_dot_type (as llama.cpp's CPU backend does before its dot products),
- * then the weight rows are cut into chunks that threads claim one at a time;
- * a chunk computes its rows for every token (the dispatch table's gemm), so
- * each weight row is read from memory once per call however many tokens
- * there are. Every kernel level computes each (row, token) result exactly
+ * One parallel loop of two phases: every activation row is converted once to
+ * the weights' vec_dot_type (as llama.cpp's CPU backend does before its dot
+ * products), then the weight rows are cut into chunks that threads claim one
+ * at a time; a chunk computes its rows for every token (the dispatch table's
+ * gemm), so each weight row is read from memory once per call however many
+ * tokens there are. Every kernel level computes each (row, token) result exactly
  * as the scalar reference does, so results depend neither on the thread
  * count, nor on the batch, nor on the CPU.
  */
@@ -155,8 +155,7 @@ void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t 
         };
         n_chunks += (p->n_out + p->rows_per_chunk - 1) / p->rows_per_chunk;
     }
-    sb_threadpool_for_light(tp, n_tok, n_tok * n_in, convert_row, &j);
-    sb_threadpool_for(tp, n_chunks, dot_rows, &j);
+    sb_threadpool_for_then(tp, n_tok, convert_row, n_chunks, dot_rows, &j);
 }
 
 void sb_matmul(sb_threadpool *tp, sb_type type, const void *w, int64_t n_in, int64_t n_out, const float *x,

@@ -37,6 +37,15 @@ int sb_threadpool_n_threads(const sb_threadpool *tp); /* 1 for NULL */
  * (everything runs on the caller). */
 void sb_threadpool_for(sb_threadpool *tp, int64_t n_chunks, sb_chunk_fn fn, void *arg);
 
+/* As sb_threadpool_for, with a first loop that must finish before the
+ * main one starts: first(arg, c, ith) for every c in [0, n_first), then,
+ * once all of those have finished, fn(arg, c, ith) for every c in
+ * [0, n_chunks). One hand-off to the workers for both, so that a short
+ * preparation (converting a batch's activations before a product) is
+ * shared by the threads instead of run by the caller while they wait. */
+void sb_threadpool_for_then(sb_threadpool *tp, int64_t n_first, sb_chunk_fn first, int64_t n_chunks, sb_chunk_fn fn,
+                            void *arg);
+
 /* As sb_threadpool_for, for a loop of light per-element work over
  * `elements` floats in all (norms, conversions): at most
  * SB_THREADPOOL_LIGHT_ELEMENTS of them run on the caller alone. Handing a

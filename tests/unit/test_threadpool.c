@@ -1,7 +1,8 @@
 /*
  * test_threadpool.c - the persistent thread pool: every chunk of every loop
  * runs exactly once, on a valid thread index, across thousands of loops of
- * varying sizes (light ones too); a slow chunk does not stop other threads from taking the
+ * varying sizes (light ones too, and two-phase ones, whose first phase has
+ * finished whole before any main chunk starts); a slow chunk does not stop other threads from taking the
  * rest; a worker that keeps holding the loops back hands them to the caller alone; and
  * model outputs do not depend on the thread count.
  */
@@ -75,6 +76,57 @@ static void test_every_chunk_once(void **state) {
     sb_threadpool_for(NULL, 0, count_chunk, NULL); /* no chunks: no call */
 }
 
+/* A two-phase loop: first chunks count themselves in `first`; a main chunk
+ * that starts before all of them have finished counts an early start. */
+typedef struct phased {
+    counting c;
+    _Atomic int first_hits[100];
+    _Atomic int64_t first;
+    int64_t n_first;
+    _Atomic int early;
+} phased;
+
+static void first_chunk(void *arg, int64_t chunk, int ith) {
+    phased *p = arg;
+    if (ith < 0 || ith >= p->c.n_threads)
+        atomic_fetch_add(&p->c.bad_ith, 1);
+    if (chunk % 3 == 0) /* some slow ones, so that a thread reaches the main phase first */
+        nanosleep(&(struct timespec){0, 20 * 1000}, NULL);
+    atomic_fetch_add(&p->first_hits[chunk], 1);
+    atomic_fetch_add(&p->first, 1);
+}
+
+static void main_chunk(void *arg, int64_t chunk, int ith) {
+    phased *p = arg;
+    if (atomic_load(&p->first) != p->n_first)
+        atomic_fetch_add(&p->early, 1);
+    count_chunk(&p->c, chunk, ith);
+}
+
+static void test_first_phase_finishes_before_the_main_one(void **state) {
+    (void)state;
+    for (int n_threads = 1; n_threads <= 4; n_threads++) {
+        sb_threadpool *tp;
+        assert_int_equal(sb_threadpool_create(n_threads, &tp, NULL), SB_OK);
+        static phased p;
+        for (int loop = 0; loop < 1000; loop++) {
+            int64_t n_first = loop % 9, n = (loop * 7919) % 300; /* either may be 0 */
+            memset(&p, 0, sizeof(p));
+            p.c.n_threads = n_threads;
+            p.c.slow_chunk = -1;
+            p.n_first = n_first;
+            sb_threadpool_for_then(tp, n_first, first_chunk, n, main_chunk, &p);
+            for (int64_t i = 0; i < 100; i++)
+                assert_int_equal(p.first_hits[i], i < n_first ? 1 : 0);
+            for (int64_t i = 0; i < 1000; i++)
+                assert_int_equal(p.c.hits[i], i < n ? 1 : 0);
+            assert_int_equal(p.early, 0);
+            assert_int_equal(p.c.bad_ith, 0);
+        }
+        sb_threadpool_free(tp);
+    }
+}
+
 static void test_slow_chunk_does_not_hold_the_rest(void **state) {
     (void)state;
     sb_threadpool *tp;
@@ -143,6 +195,7 @@ static void test_threads_do_not_change_logits(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_chunk_once),
+        cmocka_unit_test(test_first_phase_finishes_before_the_main_one),
         cmocka_unit_test(test_slow_chunk_does_not_hold_the_rest),
         cmocka_unit_test(test_slow_worker_sends_loops_to_the_caller),
         cmocka_unit_test(test_threads_do_not_change_logits),
