@@ -42,6 +42,7 @@ typedef struct matmul_job {
     size_t x_row, x_plain;                              /* converted row; its vec_dot_type part */
     int64_t n_in, n_tok;
     const float *x;
+    const sb_matmul_prep *prep; /* or NULL */
     char *xq;
     matmul_part part[SB_MATMUL_MAX];
     int n_parts;
@@ -51,7 +52,13 @@ static void convert_row(void *arg, int64_t tok, int ith) {
     (void)ith;
     const matmul_job *j = arg;
     char *row = j->xq + (size_t)tok * j->x_row;
-    j->convert(j->x + tok * j->n_in, row, j->n_in);
+    const float *x = j->x + tok * j->n_in;
+    if (j->prep) {
+        float *out = j->prep->out + tok * j->n_in;
+        j->prep->row(j->prep->ctx, out, x, j->n_in);
+        x = out;
+    }
+    j->convert(x, row, j->n_in);
     if (j->terms)
         j->terms(row, j->n_in, row + j->x_plain);
 }
@@ -106,7 +113,7 @@ void sb_weight_pack(sb_type type, const void *src, void *dst, int64_t n_in, int6
 }
 
 void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t n_in, const float *x, int64_t n_tok,
-                    void *work) {
+                    const sb_matmul_prep *prep, void *work) {
     SB_ASSERT(n >= 1 && n <= SB_MATMUL_MAX);
     const sb_kernels *k = sb_kernels_active();
     const sb_type act = sb_type_traits_of(dst[0].type)->vec_dot_type;
@@ -122,8 +129,8 @@ void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t 
         }
     }
     if (!one_format) {
-        for (int m = 0; m < n; m++)
-            sb_matmul_many(tp, &dst[m], 1, n_in, x, n_tok, work);
+        for (int m = 0; m < n; m++) /* the first prepares the rows, the others read them */
+            sb_matmul_many(tp, &dst[m], 1, n_in, m > 0 && prep ? prep->out : x, n_tok, m > 0 ? NULL : prep, work);
         return;
     }
     matmul_job j = {
@@ -134,6 +141,7 @@ void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t 
         .n_in = n_in,
         .n_tok = n_tok,
         .x = x,
+        .prep = prep,
         .xq = work,
         .n_parts = n,
     };
@@ -161,7 +169,7 @@ void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t 
 void sb_matmul(sb_threadpool *tp, sb_type type, const void *w, int64_t n_in, int64_t n_out, const float *x,
                int64_t n_tok, float *y, void *work) {
     sb_matmul_dst d = {.type = type, .w = w, .n_out = n_out, .y = y};
-    sb_matmul_many(tp, &d, 1, n_in, x, n_tok, work);
+    sb_matmul_many(tp, &d, 1, n_in, x, n_tok, NULL, work);
 }
 
 void sb_get_row(sb_type type, const void *w, int64_t n_in, int64_t row, float *out) {

@@ -253,8 +253,17 @@ typedef struct sb_matmul_dst {
                       * chunk for its own rows as it finishes them (a model's
                       * residual stream, without a pass over it on one thread) */
 } sb_matmul_dst;
+/* A preparation of each input row before it is converted (a model's norm),
+ * run by the product's threads, each row by one of them: out = f(in), both
+ * n_in floats. out rows are n_in apart in `out`, which the products then
+ * read instead of x (and which keeps them). NULL for none. */
+typedef struct sb_matmul_prep {
+    void (*row)(void *ctx, float *out, const float *in, int64_t n_in);
+    void *ctx;
+    float *out; /* (n_tok, n_in) */
+} sb_matmul_prep;
 void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t n_in, const float *x, int64_t n_tok,
-                    void *work);
+                    const sb_matmul_prep *prep, void *work);
 
 /* Row `row` of a matrix of `type` with rows of n_in elements, as floats
  * (embedding lookup). */

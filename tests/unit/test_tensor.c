@@ -629,18 +629,28 @@ static void test_float_activation_rounding(void **state) {
     }
 }
 
-/* Products of one input: the same bytes as one sb_matmul per matrix, on a
- * pool (2 threads: the chunks split evenly between them; 3: with chunks
- * left over), for matrices that share an activation format (one loop) and
- * for a mix that does not (one by one). */
+/* A row preparation for the products: out = 2 in + 1. */
+static void twice_plus_one(void *ctx, float *out, const float *in, int64_t n) {
+    (void)ctx;
+    for (int64_t k = 0; k < n; k++)
+        out[k] = 2.0f * in[k] + 1.0f;
+}
+
+/* Products of one input, its rows prepared first: the same bytes as one
+ * sb_matmul per matrix of the prepared rows, on a pool (2 threads: the
+ * chunks split evenly between them; 3: with chunks left over), for
+ * matrices that share an activation format (one loop) and for a mix that
+ * does not (one by one); the prepared rows are kept. */
 static void test_matmul_many_equals_one_by_one(void **state) {
     (void)state;
     enum { N_IN = 256, N_TOK = 5 };
     static const sb_type sets[][3] = {{SB_TYPE_Q4_0, SB_TYPE_Q8_0, SB_TYPE_Q4_0}, {SB_TYPE_Q4_0, SB_TYPE_Q4_1, SB_TYPE_F16}};
     static const int64_t n_out[3] = {37, 64, 9};
-    float *x = malloc(sizeof(float) * N_IN * N_TOK);
+    float *x = malloc(sizeof(float) * N_IN * N_TOK), *prepared = malloc(sizeof(float) * N_IN * N_TOK),
+          *kept = malloc(sizeof(float) * N_IN * N_TOK);
     for (int64_t k = 0; k < N_IN * N_TOK; k++)
         x[k] = rng_float() * 3.0f;
+    twice_plus_one(NULL, prepared, x, N_IN * N_TOK);
     for (size_t case_ = 0; case_ < 2 * sizeof(sets) / sizeof(sets[0]); case_++) {
         const size_t set = case_ / 2;
         sb_threadpool *tp = NULL;
@@ -671,8 +681,10 @@ static void test_matmul_many_equals_one_by_one(void **state) {
         dst[1].residual = residual;
         void *work = malloc(work_size);
         for (int m = 0; m < 3; m++)
-            sb_matmul(NULL, dst[m].type, dst[m].w, N_IN, n_out[m], x, N_TOK, want[m], work);
-        sb_matmul_many(tp, dst, 3, N_IN, x, N_TOK, work);
+            sb_matmul(NULL, dst[m].type, dst[m].w, N_IN, n_out[m], prepared, N_TOK, want[m], work);
+        memset(kept, 0, sizeof(float) * N_IN * N_TOK);
+        sb_matmul_many(tp, dst, 3, N_IN, x, N_TOK, &(sb_matmul_prep){.row = twice_plus_one, .out = kept}, work);
+        assert_memory_equal(kept, prepared, sizeof(float) * N_IN * N_TOK);
         for (int64_t k = 0; k < N_TOK * n_out[1]; k++)
             residual0[k] += want[1][k];
         assert_memory_equal(residual, residual0, sizeof(float) * N_TOK * n_out[1]);
@@ -688,6 +700,8 @@ static void test_matmul_many_equals_one_by_one(void **state) {
         sb_threadpool_free(tp);
     }
     free(x);
+    free(prepared);
+    free(kept);
 }
 
 static void test_matmul_odd_sizes(void **state) {
