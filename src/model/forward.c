@@ -149,7 +149,6 @@ typedef struct token_job {
     const sb_batch_token *batch;
     const sb_layer *layer;
     int32_t il;
-    int32_t n;         /* glu_chunk: tokens in the batch */
     const float *norm; /* rmsnorm_rows, rmsnorm_prep: the weights */
     float *out;        /* rmsnorm_rows: destination rows (n_embd apart) */
     const float *in;   /* rmsnorm_rows: source rows */
@@ -198,17 +197,6 @@ static void place_qkv(void *arg, int64_t i, int ith) {
     store(hd, hp->n_head_kv, f->v + (size_t)i * kv_dim, sb_kv_v(j->kv, j->il, block, 0, slot), head_stride);
 }
 
-/* Elements per chunk of the gated activation. */
-#define GLU_CHUNK 4096
-
-static void glu_chunk(void *arg, int64_t c, int ith) {
-    (void)ith;
-    const token_job *j = arg;
-    const sb_hparams *hp = &j->f->model->hp;
-    size_t n = (size_t)j->n * hp->n_ff, i0 = (size_t)c * GLU_CHUNK;
-    glu(j->f->hb + i0, j->f->hb2 + i0, SB_MIN((size_t)GLU_CHUNK, n - i0), hp->arch->act);
-}
-
 static void add_bias(float *y, const sb_weight *b, int32_t n_tok) {
     if (!b->data)
         return;
@@ -227,31 +215,67 @@ static sb_matmul_dst product_into(const sb_weight *w, float *y) {
     return (sb_matmul_dst){.type = w->type, .w = w->data, .packed = w->packed, .n_out = w->n_out, .y = y};
 }
 
-/* A product's row preparation: the norm of token_job's `norm`. */
-static void rmsnorm_prep(void *ctx, float *out, const float *in, int64_t n) {
+/* Products' row preparations (sb_matmul_prep), with a token_job as
+ * context: the norm of its `norm` (into f->xb), and the gated activation
+ * of f->hb's gates by f->hb2's ups (in place). */
+static void rmsnorm_prep(void *ctx, int64_t tok, float *out, const float *in, int64_t n) {
+    (void)tok;
     const token_job *j = ctx;
     rmsnorm(out, in, j->norm, (int32_t)n, j->f->model->hp.rms_eps);
 }
 
-/* The products d[0..n) of one input, converted once, in one parallel loop;
- * with `norm`, of rmsnorm(x) * norm, each row normalized (into f->xb) by
- * the loop's threads just before they convert it, instead of by the
- * caller alone before the loop (8 streams, 110M, alternated: Q4_K_M +3%,
- * Q4_0 +0-4%). Under profile one loop per
- * matrix, charged to `part` (the layers' also to their types) from *t on,
- * after the norm in a loop of its own, charged to the norms. */
-static void multiply(sb_forward *f, const sb_matmul_dst *d, int n, int64_t n_in, const float *x, const float *norm,
-                     int32_t n_tok, sb_fwd_part part, double *t) {
+static void glu_prep(void *ctx, int64_t tok, float *out, const float *in, int64_t n) {
+    const token_job *j = ctx;
+    SB_ASSERT(out == in);
+    glu(out, j->f->hb2 + tok * n, (size_t)n, j->f->model->hp.arch->act);
+}
+
+/* A product's input preparation: the row function, whether it works in
+ * place (else into f->xb), and the profile part its time is charged to. */
+typedef struct prep_kind {
+    void (*row)(void *ctx, int64_t tok, float *out, const float *in, int64_t n);
+    bool in_place;
+    sb_fwd_part part;
+} prep_kind;
+static const prep_kind NORM = {rmsnorm_prep, false, SB_FWD_NORMS}, GLU = {glu_prep, true, SB_FWD_GLU};
+
+typedef struct prep_job {
+    const sb_matmul_prep *prep;
+    const float *x;
+    int64_t n_in;
+} prep_job;
+
+static void prep_chunk(void *arg, int64_t tok, int ith) {
+    (void)ith;
+    const prep_job *j = arg;
+    j->prep->row(j->prep->ctx, tok, j->prep->out + tok * j->n_in, j->x + tok * j->n_in, j->n_in);
+}
+
+/* The products d[0..n) of one input, converted once, in one parallel loop.
+ * With a preparation (kind; NULL for none; norm: its weights), each row is
+ * prepared by the loop's threads just before they convert it, which saves
+ * the caller's pass over the batch before the loop and, for the gated
+ * activation, a loop of its own (8 streams, 110M, alternated: the norms
+ * Q4_K_M +3%, Q4_0 +0-4%). Under profile the preparation runs first in a
+ * loop of its own, charged to its part, then one loop per matrix, charged
+ * to `part` (the layers' also to their types) from *t on. */
+static void multiply(sb_forward *f, const sb_matmul_dst *d, int n, int64_t n_in, const float *x,
+                     const prep_kind *kind, const float *norm, int32_t n_tok, sb_fwd_part part, double *t) {
+    token_job j = {.f = f, .norm = norm};
+    sb_matmul_prep prep = {.ctx = &j};
+    if (kind) {
+        prep.row = kind->row;
+        prep.out = kind->in_place ? (float *)x : f->xb; /* an in-place input is the pass's own buffer */
+    }
     if (!f->prof) {
-        token_job j = {.f = f, .norm = norm};
-        sb_matmul_prep prep = {.row = rmsnorm_prep, .ctx = &j, .out = f->xb};
-        sb_matmul_many(f->pool, d, n, n_in, x, n_tok, norm ? &prep : NULL, f->work);
+        sb_matmul_many(f->pool, d, n, n_in, x, n_tok, kind ? &prep : NULL, f->work);
         return;
     }
-    if (norm) {
-        rmsnorm_rows(f, f->xb, x, norm, n_tok);
-        charge(f, SB_FWD_NORMS, t);
-        x = f->xb;
+    if (kind) {
+        prep_job pj = {&prep, x, n_in};
+        sb_threadpool_for(f->pool, n_tok, prep_chunk, &pj);
+        charge(f, kind->part, t);
+        x = prep.out;
     }
     for (int i = 0; i < n; i++) {
         double t0 = *t;
@@ -271,7 +295,7 @@ static void matmul3(sb_forward *f, const float *x, const float *norm, int32_t n_
     sb_matmul_dst d[3];
     for (int i = 0; i < n; i++)
         d[i] = product_into(w[i], y[i]);
-    multiply(f, d, n, w[0]->n_in, x, norm, n_tok, SB_FWD_PRODUCTS, t);
+    multiply(f, d, n, w[0]->n_in, x, &NORM, norm, n_tok, SB_FWD_PRODUCTS, t);
 }
 
 static void matmul(sb_forward *f, const sb_weight *w, const float *x, const float *norm, int32_t n_tok, float *y,
@@ -280,14 +304,14 @@ static void matmul(sb_forward *f, const sb_weight *w, const float *x, const floa
 }
 
 /* The residual stream's update at the end of a block: x += w in (the
- * product in xb). The product's chunks add their own rows as they finish
- * them; post-norm models (post_norm set) normalize the product first, so
- * they add it in a pass of their own. */
-static void update_residual(sb_forward *f, const sb_weight *w, const float *in, int32_t n, const sb_weight *post_norm,
-                            double *t) {
+ * product in xb), in prepared by `kind` (or NULL). The product's chunks
+ * add their own rows as they finish them; post-norm models (post_norm set)
+ * normalize the product first, so they add it in a pass of their own. */
+static void update_residual(sb_forward *f, const sb_weight *w, const float *in, const prep_kind *kind, int32_t n,
+                            const sb_weight *post_norm, double *t) {
     sb_matmul_dst d = product_into(w, f->xb);
     d.residual = post_norm ? NULL : f->x;
-    multiply(f, &d, 1, w->n_in, in, NULL, n, SB_FWD_PRODUCTS, t);
+    multiply(f, &d, 1, w->n_in, in, kind, NULL, n, SB_FWD_PRODUCTS, t);
     if (!post_norm)
         return;
     rmsnorm_rows(f, f->xb, f->xb, post_norm->data, n);
@@ -449,7 +473,7 @@ static void attention_block(sb_forward *f, sb_kv *kv, const sb_batch_token *batc
     sb_threadpool_for(f->pool, (int64_t)n_groups * hp->n_head, attend_group_head, &job);
     charge(f, SB_FWD_ATTENTION, &t);
 
-    update_residual(f, &ly->wo, f->att, n, a->post_norms ? &ly->post_attn_norm : NULL, &t);
+    update_residual(f, &ly->wo, f->att, NULL, n, a->post_norms ? &ly->post_attn_norm : NULL, &t);
 }
 
 static void ffn_block(sb_forward *f, int32_t n, int32_t il) {
@@ -467,14 +491,13 @@ static void ffn_block(sb_forward *f, int32_t n, int32_t il) {
             memcpy(f->hb2 + (size_t)i * ff, row, (size_t)ff * sizeof(float));
             glu(f->hb2 + (size_t)i * ff, row + ff, (size_t)ff, a->act);
         }
+        charge(f, SB_FWD_GLU, &t);
     } else {
         matmul3(f, f->x, ly->ffn_norm.data, n, (const sb_weight *[]){&ly->w_gate, &ly->w_up},
                 (float *[]){f->hb, f->hb2}, 2, &t);
-        token_job gj = {.f = f, .n = n};
-        sb_threadpool_for(f->pool, ((int64_t)n * ff + GLU_CHUNK - 1) / GLU_CHUNK, glu_chunk, &gj);
     }
-    charge(f, SB_FWD_GLU, &t);
-    update_residual(f, &ly->w_down, a->fused_gate_up ? f->hb2 : f->hb, n,
+    /* Separate gates and ups meet in the down product's preparation. */
+    update_residual(f, &ly->w_down, a->fused_gate_up ? f->hb2 : f->hb, a->fused_gate_up ? NULL : &GLU, n,
                     a->post_norms ? &ly->post_ffn_norm : NULL, &t);
 }
 
@@ -512,7 +535,7 @@ int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, in
     charge(f, SB_FWD_NORMS, &t);
     if (n_out > 0) {
         sb_matmul_dst d = product_into(&m->output, f->logits);
-        multiply(f, &d, 1, m->output.n_in, f->xb, NULL, n_out, SB_FWD_HEAD, &t);
+        multiply(f, &d, 1, m->output.n_in, f->xb, NULL, NULL, n_out, SB_FWD_HEAD, &t);
         if (f->prof) {
             f->prof->head_type = m->output.type;
             f->prof->head_packed = m->output.packed;

@@ -55,7 +55,7 @@ static void convert_row(void *arg, int64_t tok, int ith) {
     const float *x = j->x + tok * j->n_in;
     if (j->prep) {
         float *out = j->prep->out + tok * j->n_in;
-        j->prep->row(j->prep->ctx, out, x, j->n_in);
+        j->prep->row(j->prep->ctx, tok, out, x, j->n_in);
         x = out;
     }
     j->convert(x, row, j->n_in);

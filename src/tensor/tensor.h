@@ -253,12 +253,13 @@ typedef struct sb_matmul_dst {
                       * chunk for its own rows as it finishes them (a model's
                       * residual stream, without a pass over it on one thread) */
 } sb_matmul_dst;
-/* A preparation of each input row before it is converted (a model's norm),
- * run by the product's threads, each row by one of them: out = f(in), both
- * n_in floats. out rows are n_in apart in `out`, which the products then
- * read instead of x (and which keeps them). NULL for none. */
+/* A preparation of each input row before it is converted (a model's norm,
+ * its gated activation), run by the product's threads, each row by one of
+ * them: out = f(in) for token tok's row, both n_in floats (out may be in).
+ * out rows are n_in apart in `out`, which the products then read instead
+ * of x (and which keeps them). NULL for none. */
 typedef struct sb_matmul_prep {
-    void (*row)(void *ctx, float *out, const float *in, int64_t n_in);
+    void (*row)(void *ctx, int64_t tok, float *out, const float *in, int64_t n_in);
     void *ctx;
     float *out; /* (n_tok, n_in) */
 } sb_matmul_prep;

@@ -630,8 +630,9 @@ static void test_float_activation_rounding(void **state) {
 }
 
 /* A row preparation for the products: out = 2 in + 1. */
-static void twice_plus_one(void *ctx, float *out, const float *in, int64_t n) {
+static void twice_plus_one(void *ctx, int64_t tok, float *out, const float *in, int64_t n) {
     (void)ctx;
+    (void)tok;
     for (int64_t k = 0; k < n; k++)
         out[k] = 2.0f * in[k] + 1.0f;
 }
@@ -650,7 +651,7 @@ static void test_matmul_many_equals_one_by_one(void **state) {
           *kept = malloc(sizeof(float) * N_IN * N_TOK);
     for (int64_t k = 0; k < N_IN * N_TOK; k++)
         x[k] = rng_float() * 3.0f;
-    twice_plus_one(NULL, prepared, x, N_IN * N_TOK);
+    twice_plus_one(NULL, 0, prepared, x, N_IN * N_TOK);
     for (size_t case_ = 0; case_ < 2 * sizeof(sets) / sizeof(sets[0]); case_++) {
         const size_t set = case_ / 2;
         sb_threadpool *tp = NULL;
