@@ -84,14 +84,18 @@ static void dot_rows(void *arg, int64_t chunk, int ith) {
                 p->residual[t * p->n_out + r] += p->y[t * p->n_out + r];
 }
 
-/* Rows per chunk: enough chunks that a descheduled thread holds up little
- * work (about 8 per thread), few enough that claiming costs nothing and that
- * a chunk's start (its first rows cold, its activations prepared again) is
- * a small part of it: 8 per thread measured 6% faster than 16, alone and
- * batched (110M Q4_0, 2 threads). A multiple of 16, the largest tile and
- * packing group. */
+/* Rows per chunk: enough chunks that the threads end a loop together
+ * (about 2 per thread: one to steal from a thread that started late),
+ * few enough that a chunk's start (its first rows cold, its activations
+ * read again) is a small part of it: with the activations' conversion in
+ * the loop, 2 per thread measured 4% faster than 8 at 8 streams and 5% at
+ * 1 (110M Q4_0, 2 threads, alternated; 1.1B and prompts unchanged), and 8
+ * per thread 6% faster than 16 before. A descheduled thread holds up its
+ * chunk until it runs again, whatever the size; a sustained neighbour
+ * sends the loops to the caller alone (threadpool.c). A multiple of 16,
+ * the largest tile and packing group. */
 static int64_t chunk_rows(int64_t n_out, int n_threads) {
-    int64_t rows = n_out / (8 * (int64_t)n_threads);
+    int64_t rows = n_out / (2 * (int64_t)n_threads);
     rows = rows < 16 ? 16 : rows > 256 ? 256 : rows;
     return (rows + 15) / 16 * 16;
 }
