@@ -6,9 +6,9 @@
  * products), then the weight rows are cut into chunks that threads claim one
  * at a time; a chunk computes its rows for every token (the dispatch table's
  * gemm), so each weight row is read from memory once per call however many
- * tokens there are. Every kernel level computes each (row, token) result exactly
- * as the scalar reference does, so results depend neither on the thread
- * count, nor on the batch, nor on the CPU.
+ * tokens there are. Every kernel level computes each (row, token) result
+ * exactly as the scalar reference does, so results depend neither on the
+ * thread count, nor on the batch, nor on the CPU.
  */
 
 #include "base/base.h"

@@ -3,9 +3,9 @@
  *
  * A loop is published as (fn, arg, n_chunks) for each of its two phases
  * under a sequence counter (odd while the caller writes them, a seqlock),
- * plus one claim word per thread's range of each phase's chunks, each
- * thread's on its own cache line, holding the loop's
- * generation in its high half and the range's next chunk in its low half. A
+ * plus one claim word per thread's range of each phase's chunks (a
+ * thread's words on their own cache line), holding the loop's generation
+ * in its high half and the range's next chunk in its low half. A
  * worker takes a consistent copy of the loop, then claims with a
  * compare-and-swap that also checks the generation, so a worker descheduled
  * anywhere in between can never run a chunk of a later loop with an earlier
