@@ -14,8 +14,9 @@
  * it adds the chunks it ran to a phase's count once, when nothing is left
  * to claim: to `first_done`, which every thread waits to see complete
  * before it claims main chunks, and to `done`, which the caller waits to
- * see reach n_chunks, after which the loop's memory may be reused. One shared counter for claims and one for completions
- * cost two contended cache-line transfers per chunk, and an 8-stream step has
+ * see reach n_chunks, after which the loop's memory may be reused. One
+ * shared counter for claims and one for completions would cost two
+ * contended cache-line transfers per chunk, and an 8-stream step has
  * ~3000 chunks (replacing them: server 1 stream +12%, engine 8 streams +5%).
  *
  * When another process takes a core, a worker that shares it runs its

@@ -301,9 +301,10 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[6
  * y[t*ldy + r]. x: the tokens' Q8_K rows, xs apart, each followed (at xc) by
  * its terms; m32: Q6_K by 32-bit multiplies; pf: the next group, prefetched
  * a quarter block per unit, or NULL. Units outer, tokens inner: a unit's 16
- * quant vectors stay in registers for all T tokens, where a whole unpacked block (64 vectors)
- * went through the stack and was reloaded for every token; each token's
- * block sum stays an int32 per row (isum[t]), the reference's integer.
+ * quant vectors stay in registers for all T tokens, where a whole unpacked
+ * block (64 vectors) went through the stack and was reloaded for every
+ * token; each token's block sum stays an int32 per row (isum[t]), the
+ * reference's integer.
  * Beyond one token (decode, a constant: +10% hot) T is a run-time count, so
  * that two bodies per format instead of eight keep the code, and the
  * compile (clang's above all), a fraction of the size. */
@@ -417,9 +418,9 @@ SBX_ALWAYS void kq_packed(kq_fmt f, bool gfni, int64_t n, const void *wv, size_t
 
 /* The 32 values -32 * (sum of 8 quants) of one Q8_K block, as int32 at out:
  * each sum of 8 is a sum of absolute differences from 0 of the quants
- * plus 128 (unsigned), less 8 * 128. On the caller between two parallel
- * loops, per matrix call; the scalar sums took 3.0 us of the 5.5 that an
- * 8-token, 768-wide conversion cost. */
+ * plus 128 (unsigned), less 8 * 128. Once per matrix call and token (the
+ * product loop's first phase); the scalar sums took 3.0 us of the 5.5 that
+ * an 8-token, 768-wide conversion cost. */
 SBX_ALWAYS void kq_run_biases(const int8_t *qs, uint8_t *out) {
     const vi flip = vi_set1_8((char)0x80);
 #if SBX_AVX512
