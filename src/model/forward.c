@@ -231,7 +231,8 @@ static void glu_prep(void *ctx, int64_t tok, float *out, const float *in, int64_
 }
 
 /* A product's input preparation: the row function, whether it works in
- * place (else into f->xb), and the profile part its time is charged to. */
+ * place (on f->hb, the gates; else into f->xb), and the profile part its
+ * time is charged to. */
 typedef struct prep_kind {
     void (*row)(void *ctx, int64_t tok, float *out, const float *in, int64_t n);
     bool in_place;
@@ -265,7 +266,8 @@ static void multiply(sb_forward *f, const sb_matmul_dst *d, int n, int64_t n_in,
     sb_matmul_prep prep = {.ctx = &j};
     if (kind) {
         prep.row = kind->row;
-        prep.out = kind->in_place ? (float *)x : f->xb; /* an in-place input is the pass's own buffer */
+        SB_ASSERT(!kind->in_place || x == f->hb); /* the gates, prepared where they are */
+        prep.out = kind->in_place ? f->hb : f->xb;
     }
     if (!f->prof) {
         sb_matmul_many(f->pool, d, n, n_in, x, n_tok, kind ? &prep : NULL, f->work);
