@@ -9,9 +9,9 @@
  * so a swap or an eviction never frees them underneath. A request turns
  * each input into prompt tokens and submits one engine request per input.
  * sb_switchboard_submit is acquire, sb_held_submit, release. The engine's callback
- * runs on the executor thread: it copies the event into the request's queue
+ * runs on an executor thread: it copies the event into the request's queue
  * and returns at once; the caller's thread takes events from the queue
- * (sb_request_next), so embedder code never runs on the executor thread and
+ * (sb_request_next), so embedder code never runs on an executor thread and
  * may block. The blocking calls and batch_infer are that loop.
  *
  * Lifetime: a request is reference counted (the caller's reference and one
@@ -95,7 +95,7 @@ typedef struct slot {
     int32_t index;
     uint64_t id;     /* the engine's */
     bool submitted;  /* the engine owes it a done event */
-    /* under req->mu, written by the executor thread */
+    /* under req->mu, written by an executor thread */
     bool done;
     double t_first, t_last, t_done; /* clock of the first and last token, and of the end; 0 before */
     int32_t n_prompt, n_prompt_cached, n_generated;

@@ -79,7 +79,7 @@ struct sb_engine {
     const sb_model *model;
     sb_engine_params p;
     sb_executor *exec;
-    sb_threadpool *pool; /* the executor's */
+    sb_threadpool *pool; /* the current step's: the executor's, or NULL (a lane's thread alone) */
     bool registered;
     size_t memory;       /* bytes allocated by sb_engine_create */
     sb_kv kv;
@@ -674,7 +674,8 @@ static void step(sb_engine *e) {
     }
 }
 
-void sb__engine_step(sb_engine *e) {
+void sb__engine_step(sb_engine *e, sb_threadpool *pool) {
+    e->pool = e->fwd.pool = pool;
     step(e);
     pthread_mutex_lock(&e->lock);
     e->stats.kv_blocks_used = sb_blocks_n_held(e->blocks);

@@ -20,7 +20,9 @@
  * one of lower priority, which resumes later, not fails.
  *
  * Threads: submit/cancel/stats may be called from any thread. Callbacks run
- * on the executor thread and must not block for long (copy the event and
+ * on a thread of the executor (its scheduler's, or a pool thread stepping
+ * the engine in a lane: one engine's callbacks never two at a time, but two
+ * engines' may run at once) and must not block for long (copy the event and
  * return), nor free the engine they are called for; after a request's
  * SB_GEN_DONE event its callback is never called again and its id is dead.
  *
@@ -45,7 +47,7 @@ typedef struct sb_engine sb_engine;
 typedef enum sb_profile_clock {
     SB_PROFILE_OFF,
     SB_PROFILE_WALL,       /* wall time: what a step takes, the pool's waits included */
-    SB_PROFILE_THREAD_CPU, /* the executor thread's CPU time: with one thread, the work alone,
+    SB_PROFILE_THREAD_CPU, /* the stepping thread's CPU time: with one thread, the work alone,
                               steady on a loaded host (each reading is a system call) */
 } sb_profile_clock;
 
@@ -155,7 +157,7 @@ void sb_engine_get_stats(sb_engine *e, sb_engine_stats *out);
 /* Where an engine created with params.profile spent its decoding steps of
  * n tokens (steps in which every token of the batch is the next one of a
  * sequence that samples: n sequences decoding), summed since creation;
- * seconds of the profile's clock on the executor thread. Other steps (with
+ * seconds of the profile's clock on the thread that stepped it. Other steps (with
  * prompt chunks) are not counted. */
 typedef struct sb_step_profile {
     uint64_t steps;

@@ -15,7 +15,7 @@
  * their whole life, so a swap or an eviction never frees what a request
  * still uses: superseded instances are retired and freed by the janitor
  * thread once their last lease is gone (never on the thread that dropped it:
- * that may be the executor thread, inside an engine callback).
+ * that may be an executor thread, inside an engine callback).
  *
  * Memory. An instance costs what it allocated, measured after load (model:
  * its private copy of the file's tensors and the packed weights; engine: KV

@@ -3,7 +3,7 @@
  * Prometheus text exposition format for GET /metrics.
  *
  * Every function may be called from any thread (HTTP connection threads and
- * the executor thread); one mutex guards the whole struct, held for a few
+ * the executor's threads); one mutex guards the whole struct, held for a few
  * increments at a time. Series about generation carry a `model` label: the
  * model that served (never the alias or route the client named). Engine
  * gauges (queue, running sequences, KV blocks, prefix-cache counters) and

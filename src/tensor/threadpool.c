@@ -324,6 +324,20 @@ void sb_threadpool_free(sb_threadpool *tp) {
 
 int sb_threadpool_n_threads(const sb_threadpool *tp) { return tp ? tp->n_threads : 1; }
 
+/* Publishes a loop, runs the caller's part of it (until *t1) and waits for
+ * the rest; returns the main chunks the caller ran. */
+static int64_t run_parallel(sb_threadpool *tp, sb_chunk_fn first, int64_t n_first, sb_chunk_fn fn, int64_t n_chunks,
+                            void *arg, int64_t *t1) {
+    const sb_chunk_fn fns[N_PHASES] = {first, fn};
+    const int64_t counts[N_PHASES] = {n_first, n_chunks};
+    uint32_t gen = publish(tp, fns, arg, counts);
+    int64_t ran = run_loop(tp, gen, fns, arg, counts, 0);
+    *t1 = now_ns();
+    while (atomic_load_explicit(&tp->done, memory_order_acquire) < n_chunks)
+        cpu_relax();
+    return ran;
+}
+
 void sb_threadpool_for_then(sb_threadpool *tp, int64_t n_first, sb_chunk_fn first, int64_t n_chunks, sb_chunk_fn fn,
                             void *arg) {
     if (n_chunks <= 0 && n_first <= 0)
@@ -339,15 +353,18 @@ void sb_threadpool_for_then(sb_threadpool *tp, int64_t n_first, sb_chunk_fn firs
             fn(arg, c, 0);
         return;
     }
-    int64_t t0 = now_ns();
-    const sb_chunk_fn fns[N_PHASES] = {first, fn};
-    const int64_t counts[N_PHASES] = {n_first, n_chunks};
-    uint32_t gen = publish(tp, fns, arg, counts);
-    int64_t ran = run_loop(tp, gen, fns, arg, counts, 0);
-    int64_t t1 = now_ns();
-    while (atomic_load_explicit(&tp->done, memory_order_acquire) < n_chunks)
-        cpu_relax();
+    int64_t t0 = now_ns(), t1;
+    int64_t ran = run_parallel(tp, first, n_first, fn, n_chunks, arg, &t1);
     account_loop(tp, n_chunks, ran, t0, t1, now_ns());
+}
+
+void sb_threadpool_for_each_thread(sb_threadpool *tp, sb_chunk_fn fn, void *arg) {
+    if (!tp || tp->n_threads == 1) {
+        fn(arg, 0, 0);
+        return;
+    }
+    int64_t t1;
+    run_parallel(tp, NULL, 0, fn, tp->n_threads, arg, &t1);
 }
 
 void sb_threadpool_for(sb_threadpool *tp, int64_t n_chunks, sb_chunk_fn fn, void *arg) {

@@ -8,7 +8,8 @@
  * 32 values: stories260K's hold 8, which a Q8_0 cache refuses).
  *
  * The executor under several engines: two models' requests at once give
- * what each gives alone, and the busy engines alternate step by step; a
+ * what each gives alone, and the busy engines alternate step by step, or,
+ * as many as the executor has threads, run side by side, one thread each; a
  * high-priority request preempts low ones, which finish unchanged; an
  * engine freed while another runs; no more threads than n_threads; an
  * engine's memory as its allocations measure it.
@@ -52,20 +53,28 @@ typedef struct result {
 } result;
 
 /* Every request's events in arrival order: a clock, and the tags of tagged
- * requests' tokens (which engine was stepped, step after step). */
+ * requests' tokens (which engine was stepped, step after step) with the
+ * threads their callbacks ran on. */
 static atomic_int event_clock;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int event_log[4096], n_event_log;
+static pthread_t event_thread[4096]; /* the thread each logged token's callback ran on */
 
 static void on_event(void *user, const sb_gen_event *ev) {
     result *r = user;
     int now = atomic_fetch_add(&event_clock, 1) + 1;
-    /* Every callback runs on the executor thread, which alone writes n. */
-    int watched = r->watch ? r->watch->n : 0;
+    int watched = 0; /* a watched request has no watch of its own: the locks never nest the other way */
+    if (r->watch) {
+        pthread_mutex_lock(&r->watch->lock);
+        watched = r->watch->n;
+        pthread_mutex_unlock(&r->watch->lock);
+    }
     if (r->tag > 0 && ev->kind == SB_GEN_TOKEN) {
         pthread_mutex_lock(&log_lock);
-        if (n_event_log < (int)SB_ARRAY_LEN(event_log))
+        if (n_event_log < (int)SB_ARRAY_LEN(event_log)) {
+            event_thread[n_event_log] = pthread_self();
             event_log[n_event_log++] = r->tag;
+        }
         pthread_mutex_unlock(&log_lock);
     }
     pthread_mutex_lock(&r->lock);
@@ -423,33 +432,43 @@ static int count_threads(void) {
     return n;
 }
 
-/* Two models on one executor, both busy: each request's greedy tokens are
- * what it gives alone, and while both have work the executor alternates,
- * one step each: a run of one engine's tokens between the other's is one
- * step, at most one token per sequence. */
-static void test_two_models_share_one_executor(void **state) {
-    (void)state;
-    enum { N = 6 };
-    static result alone[2][N], together[2][N];
+/* Runs N requests on each of two engines of an executor, tagged 1 and 2
+ * in the engine log; each request's greedy tokens are what it gives alone. */
+enum { TWO_N = 6 };
+static void run_two_models(sb_executor *x) {
+    static result alone[2][TWO_N], together[2][TWO_N];
     const sb_model_t *models[2] = {model, other};
     sb_engine_params ep = sb_engine_default_params();
     ep.n_ctx = 512;
     for (int k = 0; k < 2; k++)
-        for (int i = 0; i < N; i++)
+        for (int i = 0; i < TWO_N; i++)
             run_alone(models[k], &ep, i, long_greedy(40), &alone[k][i]);
     sb_engine *e[2];
     for (int k = 0; k < 2; k++)
-        assert_int_equal(sb_engine_create(models[k], &ep, exec, &e[k], NULL), SB_OK);
+        assert_int_equal(sb_engine_create(models[k], &ep, x, &e[k], NULL), SB_OK);
     n_event_log = 0;
-    for (int i = 0; i < N; i++)
-        for (int k = 0; k < 2; k++) {
+    for (int i = 0; i < TWO_N; i++)
+        for (int k = 0; k < 2; k++)
             submit_prompt(e[k], i, long_greedy(40), &together[k][i], k + 1, NULL);
-        }
     for (int k = 0; k < 2; k++)
-        for (int i = 0; i < N; i++) {
+        for (int i = 0; i < TWO_N; i++) {
             result_wait(&together[k][i]);
             assert_same_tokens(&alone[k][i], &together[k][i]);
         }
+    for (int k = 0; k < 2; k++)
+        sb_engine_free(e[k]);
+}
+
+/* Two busy models on an executor with more threads than busy engines:
+ * it alternates, one step each: a run of one engine's tokens between the
+ * other's is one step, at most one token per sequence; every callback on
+ * the scheduler's thread. */
+static void test_two_models_alternate(void **state) {
+    (void)state;
+    sb_executor *x;
+    sb_executor_params xp = {.n_threads = 3};
+    assert_int_equal(sb_executor_create(&xp, &x, NULL), SB_OK);
+    run_two_models(x);
     int runs = 0, longest = 0;
     for (int a = 0, b; a < n_event_log; a = b) {
         for (b = a; b < n_event_log && event_log[b] == event_log[a];)
@@ -459,11 +478,30 @@ static void test_two_models_share_one_executor(void **state) {
             longest = SB_MAX(longest, b - a);
         }
     }
-    fprintf(stderr, "two models: %d tokens, %d inner runs, the longest %d\n", n_event_log, runs, longest);
-    assert_true(runs >= 30); /* 40 tokens per request, N per step: about 40 steps each */
-    assert_true(longest <= N);
-    for (int k = 0; k < 2; k++)
-        sb_engine_free(e[k]);
+    fprintf(stderr, "two models alternating: %d tokens, %d inner runs, the longest %d\n", n_event_log, runs, longest);
+    assert_true(runs >= 30); /* 40 tokens per request, TWO_N per step: about 40 steps each */
+    assert_true(longest <= TWO_N);
+    for (int i = 1; i < n_event_log; i++)
+        assert_true(pthread_equal(event_thread[i], event_thread[0]));
+    sb_executor_free(x);
+}
+
+/* Two busy models on a 2-thread executor: lanes, one thread each, side by
+ * side: the tokens are still what each request gives alone, both engines'
+ * callbacks ran on both of the pool's threads between them, and the process
+ * has no thread more than before. */
+static void test_two_models_side_by_side(void **state) {
+    (void)state;
+    int before = count_threads();
+    run_two_models(exec);
+    int threads = 0;
+    pthread_t seen[2];
+    for (int i = 0; i < n_event_log && threads < 2; i++)
+        if (threads == 0 || !pthread_equal(event_thread[i], seen[0]))
+            seen[threads++] = event_thread[i];
+    fprintf(stderr, "two models side by side: %d tokens on %d threads\n", n_event_log, threads);
+    assert_int_equal(threads, 2);
+    assert_int_equal(count_threads(), before);
 }
 
 /* An engine full of low-priority requests (two slots, a third waiting):
@@ -622,7 +660,8 @@ int main(void) {
         cmocka_unit_test(test_prefix_computed_once),
         cmocka_unit_test(test_cancel_and_queue_full),
         cmocka_unit_test(test_embedding_unit_norm),
-        cmocka_unit_test(test_two_models_share_one_executor),
+        cmocka_unit_test(test_two_models_alternate),
+        cmocka_unit_test(test_two_models_side_by_side),
         cmocka_unit_test(test_priority_preempts_lower),
         cmocka_unit_test(test_priority_across_engines),
         cmocka_unit_test(test_free_engine_while_others_run),
