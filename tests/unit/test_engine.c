@@ -504,6 +504,41 @@ static void test_two_models_side_by_side(void **state) {
     assert_int_equal(count_threads(), before);
 }
 
+/* Three busy models on a 2-thread executor: lanes of two at a time, which
+ * rotate (a turn's steps each while the third waits), so none starves:
+ * every engine's first token comes before any request ends, and the tokens
+ * are what each request gives alone. */
+static void test_three_models_take_turns_in_lanes(void **state) {
+    (void)state;
+    enum { N = 2 };
+    static result alone[3][N], r[3][N];
+    const sb_model_t *models[3] = {model, other, wide_heads};
+    sb_engine_params ep = sb_engine_default_params();
+    ep.n_ctx = 512;
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < N; i++)
+            run_alone(models[k], &ep, i, long_greedy(40), &alone[k][i]);
+    sb_engine *e[3];
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(sb_engine_create(models[k], &ep, exec, &e[k], NULL), SB_OK);
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < 3; k++)
+            submit_prompt(e[k], i, long_greedy(40), &r[k][i], 0, NULL);
+    int last_first = 0, first_done = 0;
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < N; i++) {
+            result_wait(&r[k][i]);
+            assert_same_tokens(&alone[k][i], &r[k][i]);
+            last_first = SB_MAX(last_first, r[k][i].first_at);
+            first_done = first_done ? SB_MIN(first_done, r[k][i].done_at) : r[k][i].done_at;
+        }
+    fprintf(stderr, "three models, two lanes: the last first token at event %d, the first end at %d\n", last_first,
+            first_done);
+    assert_true(last_first < first_done);
+    for (int k = 0; k < 3; k++)
+        sb_engine_free(e[k]);
+}
+
 /* An engine full of low-priority requests (two slots, a third waiting):
  * a high-priority request goes in at once, preempting the newest low one,
  * and finishes first; the low ones then finish with their greedy tokens
@@ -662,6 +697,7 @@ int main(void) {
         cmocka_unit_test(test_embedding_unit_norm),
         cmocka_unit_test(test_two_models_alternate),
         cmocka_unit_test(test_two_models_side_by_side),
+        cmocka_unit_test(test_three_models_take_turns_in_lanes),
         cmocka_unit_test(test_priority_preempts_lower),
         cmocka_unit_test(test_priority_across_engines),
         cmocka_unit_test(test_free_engine_while_others_run),
