@@ -601,6 +601,37 @@ static void test_priority_across_engines(void **state) {
         sb_engine_free(e[k]);
 }
 
+/* Two engines busy at the same priority run in lanes; a request of higher
+ * priority on a third ends them after their step and runs alone, to its end
+ * before theirs: from its first token to its end the low ones get no step. */
+static void test_priority_ends_lanes(void **state) {
+    (void)state;
+    static result low[2], high;
+    const sb_model_t *models[3] = {model, other, wide_heads};
+    sb_engine_params ep = sb_engine_default_params();
+    ep.n_ctx = 512;
+    sb_engine *e[3];
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(sb_engine_create(models[k], &ep, exec, &e[k], NULL), SB_OK);
+    sb_gen_params lo = long_greedy(200), hi = long_greedy(10);
+    hi.priority = 1;
+    for (int k = 0; k < 2; k++)
+        submit_prompt(e[k], 0, lo, &low[k], 0, NULL);
+    wait_tokens(&low[0], 2);
+    wait_tokens(&low[1], 2);
+    submit_prompt(e[2], 0, hi, &high, 0, &low[0]);
+    result_wait(&high);
+    int during = high.watch_done - high.watch_first;
+    fprintf(stderr, "priority over lanes: a low one got %d tokens while the high one ran\n", during);
+    assert_int_equal(during, 0);
+    for (int k = 0; k < 2; k++) {
+        result_wait(&low[k]);
+        assert_true(high.done_at < low[k].done_at); /* the lanes ended for it */
+    }
+    for (int k = 0; k < 3; k++)
+        sb_engine_free(e[k]);
+}
+
 /* Freeing an engine while another runs: its own requests end cancelled, the
  * other's go on unchanged. */
 static void test_free_engine_while_others_run(void **state) {
@@ -700,6 +731,7 @@ int main(void) {
         cmocka_unit_test(test_three_models_take_turns_in_lanes),
         cmocka_unit_test(test_priority_preempts_lower),
         cmocka_unit_test(test_priority_across_engines),
+        cmocka_unit_test(test_priority_ends_lanes),
         cmocka_unit_test(test_free_engine_while_others_run),
         cmocka_unit_test(test_no_more_threads_than_n_threads),
         cmocka_unit_test(test_engine_memory_is_measured),
