@@ -70,26 +70,6 @@ sb_executor_params sb_executor_default_params(void) {
     return (sb_executor_params){.n_threads = 0, .steps_per_turn = 1};
 }
 
-/* The slot to step next, or -1 when no engine has work: the highest
- * priority first; among equals the engine whose turn is not over, else the
- * least recently stepped. */
-static int32_t choose(const sb_executor *x) {
-    int32_t best = -1, best_prio = 0, keep = -1, keep_prio = 0;
-    for (int32_t i = 0; i < x->n_slots; i++) {
-        int32_t prio;
-        if (!sb__engine_has_work(x->slots[i].engine, &prio))
-            continue;
-        if (x->slots[i].engine == x->last && x->streak < x->steps_per_turn)
-            keep = i, keep_prio = prio;
-        if (best < 0 || prio > best_prio ||
-            (prio == best_prio && x->slots[i].last_step < x->slots[best].last_step)) {
-            best = i;
-            best_prio = prio;
-        }
-    }
-    return keep >= 0 && keep_prio == best_prio ? keep : best;
-}
-
 static slot *slot_of(const sb_executor *x, const sb_engine *e) {
     for (int32_t i = 0; i < x->n_slots; i++)
         if (x->slots[i].engine == e)
@@ -120,6 +100,14 @@ static int32_t top_engines(const sb_executor *x, sb_engine **out, int32_t max, i
     }
     *priority = top;
     return n;
+}
+
+/* Whether the engine of the current turn (x->last) has had fewer than
+ * steps_per_turn steps and still has work at the top priority. */
+static bool turn_goes_on(const sb_executor *x, int32_t top) {
+    const slot *s = x->streak < x->steps_per_turn ? slot_of(x, x->last) : NULL; /* last may be gone */
+    int32_t prio;
+    return s && sb__engine_has_work(s->engine, &prio) && prio == top;
 }
 
 /* One lane: its engine's steps, on this thread alone, until it has no work
@@ -179,7 +167,8 @@ static void *executor_main(void *arg) {
             mark_stepping(x, l.engine, x->n_threads, false);
             continue;
         }
-        sb_engine *e = x->slots[choose(x)].engine;
+        /* the engine of the current turn while it lasts, else the least recently stepped */
+        sb_engine *e = turn_goes_on(x, prio) ? x->last : x->lane_engines[0];
         x->streak = e == x->last ? x->streak + 1 : 1;
         x->last = e;
         mark_stepping(x, &e, 1, true);

@@ -48,8 +48,8 @@ void sb_threadpool_for_then(sb_threadpool *tp, int64_t n_first, sb_chunk_fn firs
 
 /* Runs fn(arg, c, ith) for every c in [0, n_threads): one long task per
  * thread, each thread's own first (c = ith; a thread that ends early takes
- * a task no other has started). Never run on the caller alone, and not
- * counted by the straggler detector: the tasks' lengths differ by design
+ * a task no other has started). Unless the pool has one thread, never run
+ * on the caller alone, and not counted by the straggler detector: the tasks' lengths differ by design
  * (the executor's engines, stepped side by side). */
 void sb_threadpool_for_each_thread(sb_threadpool *tp, sb_chunk_fn fn, void *arg);
 
