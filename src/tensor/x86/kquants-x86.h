@@ -19,19 +19,18 @@
  * multiply each (fewer uops than the multiply-adds of shorter runs). Quants
  * are unpacked unsigned. Q3_K's +4 and Q6_K's +32 come off through the chains'
  * starting values, -4 * bsum_j and -32 times the sum of the run's
- * activations, or, with Q6_K's multiplies, as 32 times the block's sum of
- * sc_j * bsum_j: 8 16-bit multiply-adds of pairs of the rows' sc_j with
- * pairs of the token's bsums, as the mins' term of the formats with mins is
- * 4 to 8 of them (pairs of m_j with pairs of the token's sums). The terms
- * are prepared once per call (the packing's terms, shared by the five
+ * activations (of 8, or of 16 with Q6_K's multiplies), as the scale then
+ * multiplies them with the products; the mins' term of the formats with
+ * mins is 4 to 8 16-bit multiply-adds per block (pairs of m_j with pairs of
+ * the token's sums). The terms are prepared once per call (the packing's terms, shared by the five
  * formats so that a layer's Q4_K or Q5_K and Q6_K matrices take one
  * conversion of their input). Integers are exact, so only the fmas per block
  * and row, the scale products, the conversions and the final acc - accm are
  * float work, the reference's own, in its order.
  *
  * A tile takes each block of its rows a quarter at a time (16 vectors of
- * quants unpacked into registers; the scales and mins decoded once per
- * block) for up to QK_T tokens, so one token (decode) and many (prompts,
+ * quants unpacked into registers, with the scales of its sub-blocks; the
+ * mins decoded once per block, after the units) for up to QK_T tokens, so one token (decode) and many (prompts,
  * batches) share the code; the next group's rows are prefetched at the
  * pace of the units on the first token pass, as qb_tile does at the pace of
  * its blocks.
@@ -82,8 +81,8 @@ SBX_ALWAYS bool kq_mins(kq_fmt f) { return f == KQ_Q2_K || f == KQ_Q4_K || f == 
 SBX_ALWAYS int kq_nscales(kq_fmt f) { return f == KQ_Q2_K || f == KQ_Q6_K ? 16 : 12; } /* scale bytes */
 SBX_ALWAYS size_t kq_meta(kq_fmt f) { return (kq_mins(f) ? 4 : 2) + (size_t)kq_nscales(f); }
 SBX_ALWAYS int kq_sub(kq_fmt f) { return f == KQ_Q4_K || f == KQ_Q5_K ? 32 : 16; } /* elements per sub-block */
-/* Q6_K's sub-blocks of 16 by a 32-bit multiply, its +32 from the bsums
- * (m32: the tiles of several tokens on AVX-512), or in runs of 8 of its
+/* Q6_K's sub-blocks of 16 by a 32-bit multiply (m32: the tiles of several
+ * tokens on AVX-512), or in runs of 8 of its
  * quants less 32. A run of 8 takes a multiply-add and a broadcast starting
  * value, where vpdpbusd adds its products into the chain for free: in the
  * AVX-512 tiles of several tokens the multiply per 16 is 1.17x faster (Zen
@@ -108,11 +107,13 @@ SBX_ALWAYS bool kq_wide(kq_fmt f) { return f == KQ_Q5_K; }
 /* Per token and block: the 4 pairs of Q4_K's and Q5_K's sub-block sums (of
  * 32; 2i in the low int16 of dword i, 2i + 1 in the high), then the 32
  * values -32 * (sum of 8) as int32 (Q6_K's runs of 8 start from them), then
- * the 16 values -4 * bsum_j (Q3_K's). Q2_K's mins and Q6_K's m32 +32 take
- * the bsums of the Q8_K row. */
-#define KQ_TERMS 208
+ * the 16 values -4 * bsum_j (Q3_K's), then the 16 values -32 * bsum_j (Q6_K's
+ * m32 sub-blocks of 16 start from them). Q2_K's mins take the bsums of the
+ * Q8_K row. */
+#define KQ_TERMS 272
 #define KQ_TERMS_BIAS6 16
 #define KQ_TERMS_BIAS3 144
+#define KQ_TERMS_BIAS6_16 208
 
 /* acc + a.lo*b.lo + a.hi*b.hi per int32 lane of int16 halves (vpdpwssd,
  * pmaddwd). With one operand's high half zero that is the one product of
@@ -151,64 +152,54 @@ SBX_ALWAYS vf qk_f16(const uint8_t *p) {
 #endif
 }
 
-/* The rows' 6-bit scales sc[j] and mins m[j] of one block from its 12
- * transposed scale bytes (byte i of every row at s + i*QB_R): as
- * sb__k4_scale_min, lane by lane. */
-SBX_ALWAYS void qk_scales(const uint8_t *s, vi sc[8], vi m[8]) {
-    vi b[12];
-    SBX_UNROLL for (int i = 0; i < 12; i++)
-        b[i] = qk_widen(s + i * QB_R);
-    const vi m6 = vi_set1_32(63), m4 = vi_set1_32(0xf);
-    SBX_UNROLL for (int j = 0; j < 4; j++) {
-        sc[j] = vi_and(b[j], m6);
-        m[j] = vi_and(b[j + 4], m6);
-        sc[j + 4] = vi_or(vi_and(b[j + 8], m4), vi_slli32(vi_srli32(b[j], 6), 4));
-        m[j + 4] = vi_or(vi_srli32(b[j + 8], 4), vi_slli32(vi_srli32(b[j + 4], 6), 4));
-    }
-}
-
-/* The rows' scales sc[j] (int32; with a zero high half where a 16-bit
- * multiply-add takes them) and mins of one block from its transposed scale
- * bytes at s: Q4_K, Q5_K as qk_scales, their mins as pairs (m_2i in the low
- * half, m_2i+1 in the high), as Q2_K's, whose scales are a nibble each; Q6_K
- * int8 (with m32 sign-extended, and as such pairs in mn for its +32 term);
- * Q3_K 6-bit values less 32, as sb__q3_scale. */
-SBX_ALWAYS void kq_scales(kq_fmt f, bool m32, const uint8_t *s, vi sc[16], vi mn[8]) {
+/* The rows' scale sc_j of one block from its transposed scale bytes at s
+ * (byte i of every row at s + i*QB_R), as an int32 lane per row, with a
+ * zero high half where a 16-bit multiply-add takes it: Q2_K's nibble; Q3_K's
+ * 6-bit value less 32 (sb__q3_scale); Q4_K's and Q5_K's 6 bits
+ * (sb__k4_scale_min); Q6_K's int8, sign-extended with m32. A tile decodes
+ * a unit's scales just before the unit, so that they do not hold registers
+ * across the whole block: decoding all 16 of Q6_K's up front (and its +32
+ * term's pairs of them) spilled the unit's quants (8 tokens, 768 x 32000:
+ * 366-369 -> 430-433 GFLOP/s hot; one token 117-119 -> 168). */
+SBX_ALWAYS vi kq_scale(kq_fmt f, bool m32, const uint8_t *s, int j) {
     const vi m4 = vi_set1_32(0xf);
     switch (f) {
     case KQ_Q2_K:
-        SBX_UNROLL for (int i = 0; i < 8; i++) {
-            const vi b0 = qk_widen(s + (2 * i) * QB_R), b1 = qk_widen(s + (2 * i + 1) * QB_R);
-            sc[2 * i] = vi_and(b0, m4);
-            sc[2 * i + 1] = vi_and(b1, m4);
-            mn[i] = vi_or(vi_srli32(b0, 4), vi_slli32(vi_srli32(b1, 4), 16));
-        }
-        break;
+        return vi_and(qk_widen(s + j * QB_R), m4);
     case KQ_Q3_K: {
-        vi b[12];
-        SBX_UNROLL for (int i = 0; i < 12; i++)
-            b[i] = qk_widen(s + i * QB_R);
-        SBX_UNROLL for (int j = 0; j < 16; j++) {
-            const vi lo = j < 8 ? vi_and(b[j], m4) : vi_srli32(b[j - 8], 4);
-            const vi hi = vi_and(vi_srli32(b[8 + j % 4], 2 * (j / 4)), vi_set1_32(3));
-            sc[j] = vi_and(vi_add32(vi_or(lo, vi_slli32(hi, 4)), vi_set1_32(-32)), vi_set1_32(0xffff));
-        }
-        break;
+        const vi lo = j < 8 ? vi_and(qk_widen(s + j * QB_R), m4) : vi_srli32(qk_widen(s + (j - 8) * QB_R), 4);
+        const vi hi = vi_and(vi_srli32(qk_widen(s + (8 + j % 4) * QB_R), 2 * (j / 4)), vi_set1_32(3));
+        return vi_and(vi_add32(vi_or(lo, vi_slli32(hi, 4)), vi_set1_32(-32)), vi_set1_32(0xffff));
     }
-    case KQ_Q6_K:
-        SBX_UNROLL for (int j = 0; j < 16; j++)
-            sc[j] = m32 ? qk_widen_signed(s + j * QB_R) : vi_and(qk_widen_signed(s + j * QB_R), vi_set1_32(0xffff));
-        if (m32) /* also as pairs, for the +32 term */
-            SBX_UNROLL for (int i = 0; i < 8; i++)
-                mn[i] = vi_or(vi_and(sc[2 * i], vi_set1_32(0xffff)), vi_slli32(sc[2 * i + 1], 16));
-        break;
-    default: {
-        vi m[8];
-        qk_scales(s, sc, m);
-        SBX_UNROLL for (int i = 0; i < 4; i++)
-            mn[i] = vi_or(m[2 * i], vi_slli32(m[2 * i + 1], 16));
+    case KQ_Q6_K: {
+        const vi v = qk_widen_signed(s + j * QB_R);
+        return m32 ? v : vi_and(v, vi_set1_32(0xffff));
     }
+    default:
+        if (j < 4)
+            return vi_and(qk_widen(s + j * QB_R), vi_set1_32(63));
+        return vi_or(vi_and(qk_widen(s + (j + 4) * QB_R), m4), vi_slli32(vi_srli32(qk_widen(s + (j - 4) * QB_R), 6), 4));
     }
+}
+
+/* The rows' mins of one block, as pairs (m_2i in the low half of mn[i],
+ * m_2i+1 in the high): Q2_K's high nibbles (8 pairs), Q4_K's and Q5_K's 6
+ * bits (4 pairs, sb__k4_scale_min). */
+SBX_ALWAYS void kq_min_pairs(kq_fmt f, const uint8_t *s, vi mn[8]) {
+    if (f == KQ_Q2_K) {
+        SBX_UNROLL for (int i = 0; i < 8; i++)
+            mn[i] = vi_or(vi_srli32(qk_widen(s + (2 * i) * QB_R), 4),
+                          vi_slli32(vi_srli32(qk_widen(s + (2 * i + 1) * QB_R), 4), 16));
+        return;
+    }
+    vi m[8];
+    SBX_UNROLL for (int j = 0; j < 4; j++) {
+        m[j] = vi_and(qk_widen(s + (j + 4) * QB_R), vi_set1_32(63));
+        m[j + 4] = vi_or(vi_srli32(qk_widen(s + (j + 8) * QB_R), 4),
+                         vi_slli32(vi_srli32(qk_widen(s + (j + 4) * QB_R), 6), 4));
+    }
+    SBX_UNROLL for (int i = 0; i < 4; i++)
+        mn[i] = vi_or(m[2 * i], vi_slli32(m[2 * i + 1], 16));
 }
 
 /* a | (b & m): one vpternlogd on AVX-512. */
@@ -322,8 +313,8 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
         const uint8_t *qv = w + (size_t)b * qsz, *mb = meta + (size_t)b * msz;
         if (pf)
             prefetch_ahead(pf + (size_t)nb * qsz + (size_t)b * msz, msz);
-        vi sc[16], mn[8], isum[QK_T];
-        kq_scales(f, m32, mb + (kq_mins(f) ? 4 : 2) * QB_R, sc, mn);
+        const uint8_t *sb = mb + (kq_mins(f) ? 4 : 2) * QB_R; /* the scale bytes */
+        vi sc[16], isum[QK_T];
         const size_t xb0 = (size_t)b * sizeof(sb_block_q8_K), ct0 = (size_t)b * KQ_TERMS;
         SBX_UNROLL for (int u = 0; u < 4; u++) {
             vi wq[64];
@@ -334,6 +325,10 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
             if (pf)
                 prefetch_ahead(pf + (size_t)b * qsz + (size_t)u * (qsz / 4), qsz / 4);
             kq_unpack(f, gfni, qv, u, wq);
+            SBX_UNROLL for (int i = 0; i < 4; i++) {
+                const int j = 16 * kq_unit_group(f, u, i) / sub;
+                sc[j] = kq_scale(f, m32, sb, j);
+            }
             for (int t = 0; t < T; t++) {
                 const uint8_t *xq = x + (size_t)t * xs + xb0 + offsetof(sb_block_q8_K, qs);
                 const uint8_t *ct = xc + (size_t)t * xs + ct0;
@@ -343,9 +338,10 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
                     const int g = kq_unit_group(f, u, e / 16), q = 16 * g + e % 16; /* element q.. */
                     const int c = kq_wide(f) ? q / 16 % 2 : 0;
                     if (q % run == 0)
-                        s[0] = f == KQ_Q3_K           ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * (q / run)))
-                               : f == KQ_Q6_K && !m32 ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS6 + 4 * (q / run)))
-                                                      : vi_zero();
+                        s[0] = f == KQ_Q3_K  ? vi_set1_32(load_i32(ct + KQ_TERMS_BIAS3 + 4 * (q / run)))
+                               : f == KQ_Q6_K ? vi_set1_32(load_i32(ct + (m32 ? KQ_TERMS_BIAS6_16 : KQ_TERMS_BIAS6) +
+                                                                    4 * (q / run)))
+                                              : vi_zero();
                     if (kq_wide(f) && q % 16 == 0 && c == 1)
                         s[1] = vi_zero();
                     s[c] = qb_dot4(s[c], wq[q / 4], xq + q);
@@ -360,18 +356,14 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
             }
         }
         const vf dw = qk_f16(mb), dmw = kq_mins(f) ? qk_f16(mb + 2 * QB_R) : vf_zero();
+        vi mn[8];
+        if (kq_mins(f))
+            kq_min_pairs(f, sb, mn);
         for (int t = 0; t < T; t++) {
             const uint8_t *xb = x + (size_t)t * xs + xb0, *ct = xc + (size_t)t * xs + ct0;
             float dx;
             memcpy(&dx, xb, sizeof(dx));
             const vf vdx = vf_set1(dx);
-            if (f == KQ_Q6_K && m32) {
-                /* the quants' +32: 32 * sum of sc_j * bsum_j, pairs of each */
-                vi off = vi_zero();
-                SBX_UNROLL for (int j = 0; j < 8; j++)
-                    off = qk_madd(off, mn[j], vi_set1_32(load_i32(xb + offsetof(sb_block_q8_K, bsums) + 4 * j)));
-                isum[t] = vi_sub32(isum[t], vi_slli32(off, 5));
-            }
             acc[t] = vf_fma(vi_to_vf(isum[t]), vf_mul(dw, vdx), acc[t]);
             if (kq_mins(f)) {
                 /* pairs of m (16-bit halves) times pairs of sums: Q2_K's
@@ -453,8 +445,9 @@ static void kq_terms(const void *x, int64_t n, void *dst) {
         }
         kq_run_biases(xb[b].qs, out + KQ_TERMS_BIAS6);
         for (int j = 0; j < 16; j++) {
-            const int32_t v3 = -4 * bs[j];
+            const int32_t v3 = -4 * bs[j], v6 = -32 * bs[j];
             memcpy(out + KQ_TERMS_BIAS3 + 4 * j, &v3, sizeof(v3));
+            memcpy(out + KQ_TERMS_BIAS6_16 + 4 * j, &v6, sizeof(v6));
         }
     }
 }
