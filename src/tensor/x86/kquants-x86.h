@@ -22,16 +22,16 @@
  * activations (of 8, or of 16 with Q6_K's multiplies), as the scale then
  * multiplies them with the products; the mins' term of the formats with
  * mins is 4 to 8 16-bit multiply-adds per block (pairs of m_j with pairs of
- * the token's sums). The terms are prepared once per call (the packing's terms, shared by the five
- * formats so that a layer's Q4_K or Q5_K and Q6_K matrices take one
+ * the token's sums). The terms are prepared once per call (the packing's
+ * terms, shared by the five formats so that a layer's Q4_K or Q5_K and Q6_K matrices take one
  * conversion of their input). Integers are exact, so only the fmas per block
  * and row, the scale products, the conversions and the final acc - accm are
  * float work, the reference's own, in its order.
  *
  * A tile takes each block of its rows a quarter at a time (16 vectors of
  * quants unpacked into registers, with the scales of its sub-blocks; the
- * mins decoded once per block, after the units) for up to QK_T tokens, so one token (decode) and many (prompts,
- * batches) share the code; the next group's rows are prefetched at the
+ * mins decoded once per block, after the units) for up to QK_T tokens, so
+ * one token (decode) and many (prompts, batches) share the code; the next group's rows are prefetched at the
  * pace of the units on the first token pass, as qb_tile does at the pace of
  * its blocks.
  */
@@ -82,8 +82,7 @@ SBX_ALWAYS int kq_nscales(kq_fmt f) { return f == KQ_Q2_K || f == KQ_Q6_K ? 16 :
 SBX_ALWAYS size_t kq_meta(kq_fmt f) { return (kq_mins(f) ? 4 : 2) + (size_t)kq_nscales(f); }
 SBX_ALWAYS int kq_sub(kq_fmt f) { return f == KQ_Q4_K || f == KQ_Q5_K ? 32 : 16; } /* elements per sub-block */
 /* Q6_K's sub-blocks of 16 by a 32-bit multiply (m32: the tiles of several
- * tokens on AVX-512), or in runs of 8 of its
- * quants less 32. A run of 8 takes a multiply-add and a broadcast starting
+ * tokens on AVX-512), or in runs of 8 of its quants less 32. A run of 8 takes a multiply-add and a broadcast starting
  * value, where vpdpbusd adds its products into the chain for free: in the
  * AVX-512 tiles of several tokens the multiply per 16 is 1.17x faster (Zen
  * 5, 8 tokens, 768 x 32000: 361-366 -> 412-433 GFLOP/s); for one token
@@ -152,6 +151,17 @@ SBX_ALWAYS vf qk_f16(const uint8_t *p) {
 #endif
 }
 
+/* Q4_K's and Q5_K's 6-bit scale j (min: its min j) of the rows, from the
+ * 12 transposed scale bytes at s: sb__k4_scale_min, lane by lane. */
+SBX_ALWAYS vi qk_k4(const uint8_t *s, int j, bool min) {
+    const int o = min ? 4 : 0; /* the mins' bytes follow the scales' by 4 */
+    if (j < 4)
+        return vi_and(qk_widen(s + (j + o) * QB_R), vi_set1_32(63));
+    const vi lo = qk_widen(s + (j + 4) * QB_R);
+    return vi_or(min ? vi_srli32(lo, 4) : vi_and(lo, vi_set1_32(0xf)),
+                 vi_slli32(vi_srli32(qk_widen(s + (j - 4 + o) * QB_R), 6), 4));
+}
+
 /* The rows' scale sc_j of one block from its transposed scale bytes at s
  * (byte i of every row at s + i*QB_R), as an int32 lane per row, with a
  * zero high half where a 16-bit multiply-add takes it: Q2_K's nibble; Q3_K's
@@ -176,9 +186,7 @@ SBX_ALWAYS vi kq_scale(kq_fmt f, bool m32, const uint8_t *s, int j) {
         return m32 ? v : vi_and(v, vi_set1_32(0xffff));
     }
     default:
-        if (j < 4)
-            return vi_and(qk_widen(s + j * QB_R), vi_set1_32(63));
-        return vi_or(vi_and(qk_widen(s + (j + 4) * QB_R), m4), vi_slli32(vi_srli32(qk_widen(s + (j - 4) * QB_R), 6), 4));
+        return qk_k4(s, j, false);
     }
 }
 
@@ -192,14 +200,8 @@ SBX_ALWAYS void kq_min_pairs(kq_fmt f, const uint8_t *s, vi mn[8]) {
                           vi_slli32(vi_srli32(qk_widen(s + (2 * i + 1) * QB_R), 4), 16));
         return;
     }
-    vi m[8];
-    SBX_UNROLL for (int j = 0; j < 4; j++) {
-        m[j] = vi_and(qk_widen(s + (j + 4) * QB_R), vi_set1_32(63));
-        m[j + 4] = vi_or(vi_srli32(qk_widen(s + (j + 8) * QB_R), 4),
-                         vi_slli32(vi_srli32(qk_widen(s + (j + 4) * QB_R), 6), 4));
-    }
     SBX_UNROLL for (int i = 0; i < 4; i++)
-        mn[i] = vi_or(m[2 * i], vi_slli32(m[2 * i + 1], 16));
+        mn[i] = vi_or(qk_k4(s, 2 * i, true), vi_slli32(qk_k4(s, 2 * i + 1, true), 16));
 }
 
 /* a | (b & m): one vpternlogd on AVX-512. */
@@ -325,7 +327,7 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
             if (pf)
                 prefetch_ahead(pf + (size_t)b * qsz + (size_t)u * (qsz / 4), qsz / 4);
             kq_unpack(f, gfni, qv, u, wq);
-            SBX_UNROLL for (int i = 0; i < 4; i++) {
+            SBX_UNROLL for (int i = 0; i < 4; i += sub / 16) { /* once per sub-block */
                 const int j = 16 * kq_unit_group(f, u, i) / sub;
                 sc[j] = kq_scale(f, m32, sb, j);
             }
