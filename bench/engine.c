@@ -5,7 +5,7 @@
  *
  *   bench_engine -m MODEL [-m MODEL2] [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]
  *                [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N] [--steps-per-turn N]
- *                [--profile 1|2]
+ *                [--profile 1|2] [--split auto|rows|lanes]
  *
  * For every stream count S: S requests (prompts of 4..15 pseudo-random ids
  * after BOS, so the prompts differ as the server benchmark's do), each
@@ -38,6 +38,9 @@
  * the comparison is printed twice: per wall second, and per CPU second of
  * the process (steadier on a shared machine: it leaves out the time the
  * neighbours' threads hold the cores).
+ *
+ * --split sets the engine's sb_split_mode: how its decoding steps use the
+ * threads (engine.c, "lanes"; by default each engine measures both ways).
  *
  * --profile 1 then prints where a decoding step of each stream count went
  * (the engine's sb_engine_get_profile, first model, warm-ups included; 2:
@@ -348,10 +351,20 @@ static void print_profile(sb_engine *e, const int *counts, int n, int clock) {
 #undef ROW
 }
 
+static bool parse_split(const char *v, sb_split_mode *out) {
+    static const char *const names[] = {"auto", "rows", "lanes"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *out = (sb_split_mode)i;
+            return true;
+        }
+    return false;
+}
+
 static const char usage[] =
     "usage: bench_engine -m MODEL [-m MODEL2] [-t THREADS] [-s 1,4,8,16] [-n TOKENS] [-r REPS] [--temp T]\n"
     "                    [--cache-type f32|f16|q8_0] [--alternate REQUESTS] [--alt-tokens N] [--steps-per-turn N]\n"
-    "                    [--profile 1|2]\n";
+    "                    [--profile 1|2] [--split auto|rows|lanes]\n";
 
 int main(int argc, char **argv) {
     const char *paths[2] = {NULL, NULL}, *list = "1,4,8,16";
@@ -359,6 +372,7 @@ int main(int argc, char **argv) {
     int profile = 0, counts[MAX_STREAMS], n_counts = 0;
     float temp = 0.8f;
     sb_cache_type cache_type = sb_engine_default_params().cache_type; /* the server's */
+    sb_split_mode split = SB_SPLIT_AUTO;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
@@ -384,6 +398,8 @@ int main(int argc, char **argv) {
             ok = parse_int(v, 1, 100000, &steps_per_turn);
         else if (ok && strcmp(a, "--profile") == 0)
             ok = parse_int(v, 0, 2, &profile);
+        else if (ok && strcmp(a, "--split") == 0)
+            ok = parse_split(v, &split);
         else
             ok = false;
         if (!ok) {
@@ -404,6 +420,7 @@ int main(int argc, char **argv) {
     ep.n_parallel = MAX_STREAMS;
     ep.cache_type = cache_type;
     ep.profile = (sb_profile_clock)profile;
+    ep.split = split;
     for (int k = 0; k < n_models && status == 0; k++)
         if (sb_model_load(paths[k], &b.m[k], &err) != SB_OK || sb_engine_create(b.m[k], &ep, x, &b.e[k], &err) != SB_OK)
             status = 1;

@@ -75,6 +75,13 @@ typedef struct seq {
     int32_t n_top;
 } seq;
 
+/* How decoding steps of one size have run, each way (split_way). */
+typedef struct split_stats {
+    double mean_s[2];    /* running mean of the forward pass and sampling, wall seconds */
+    int32_t runs[2];     /* counted up to SPLIT_MEMORY */
+    int32_t since_probe; /* steps since the slower way last ran */
+} split_stats;
+
 struct sb_engine {
     const sb_model *model;
     sb_engine_params p;
@@ -83,7 +90,12 @@ struct sb_engine {
     bool registered;
     size_t memory;       /* bytes allocated by sb_engine_create */
     sb_kv kv;
-    sb_forward fwd;
+    sb_forward fwd;      /* the pool's passes, and lane 0's */
+    sb_forward *lane_fwd; /* lanes 1..n_lanes-1 (see "lanes" below) */
+    int32_t n_lanes;     /* the pool's threads */
+    split_stats *split;  /* n_parallel + 1, by the step's tokens */
+    float *lane_out;     /* (n_parallel, n_embd): the lanes' final normed states */
+    int32_t n_lane_tokens; /* the current lanes' batch */
     sb_blocks *blocks;
     sb_batch_token *batch;
     seq **running; /* n_parallel slots: priority, then admission order */
@@ -558,6 +570,104 @@ static void profile_step(sb_engine *e, int32_t n, const double at[5]) {
     pthread_mutex_unlock(&e->lock);
 }
 
+/* ---- lanes ------------------------------------------------------------------- */
+
+/* A decoding step of many sequences can run its forward pass and sampling
+ * either on the pool, every product split by rows between the threads, or
+ * as lanes: each thread takes its share of the sequences through the whole
+ * model alone, with nothing handed between threads inside the pass. Split
+ * by rows, every product ends with each thread reading the activations the
+ * others wrote, and its parallel loops wait for the slowest thread about
+ * ten times per layer; lanes pay none of that, but each thread reads every
+ * weight itself, for fewer tokens at a time. Which is faster depends on the
+ * model's size, the batch, and where the host placed the threads, so each
+ * engine measures both, per batch size: each way runs until it has
+ * SPLIT_WARM steps of that size, then the faster (by a running mean of
+ * the last SPLIT_MEMORY), and the slower again every SPLIT_PROBE steps, as
+ * the host and the contexts change. Lanes need at least two tokens each
+ * (one token per lane was 27-36% slower than the pool's split: 110M, 2
+ * threads, 2 streams). Results are the same either way: every (row, token)
+ * result is computed alike whatever the batch and the threads. */
+enum split_way { SPLIT_BY_ROWS, SPLIT_BY_LANES }; /* split_stats' index */
+#define SPLIT_WARM 4
+#define SPLIT_MEMORY 8
+#define SPLIT_PROBE 64
+
+/* Whether a step of n tokens, n_sampling of which sample, may run as lanes:
+ * on the pool (not a lane of the executor's), every token decoding. */
+static bool can_split(const sb_engine *e, int32_t n, int32_t n_sampling) {
+    return e->pool && e->n_lanes > 1 && n == n_sampling && n >= 2 * e->n_lanes;
+}
+
+static enum split_way choose_split(sb_engine *e, int32_t n) {
+    if (e->p.split != SB_SPLIT_AUTO)
+        return e->p.split == SB_SPLIT_LANES ? SPLIT_BY_LANES : SPLIT_BY_ROWS;
+    split_stats *s = &e->split[n];
+    if (s->runs[SPLIT_BY_ROWS] < SPLIT_WARM || s->runs[SPLIT_BY_LANES] < SPLIT_WARM)
+        return s->runs[SPLIT_BY_LANES] < s->runs[SPLIT_BY_ROWS] ? SPLIT_BY_LANES : SPLIT_BY_ROWS;
+    const enum split_way fast = s->mean_s[SPLIT_BY_LANES] < s->mean_s[SPLIT_BY_ROWS] ? SPLIT_BY_LANES : SPLIT_BY_ROWS;
+    if (++s->since_probe < SPLIT_PROBE)
+        return fast;
+    s->since_probe = 0;
+    return fast == SPLIT_BY_LANES ? SPLIT_BY_ROWS : SPLIT_BY_LANES;
+}
+
+static void record_split(sb_engine *e, int32_t n, enum split_way way, double seconds) {
+    split_stats *s = &e->split[n];
+    if (s->runs[way] < SPLIT_MEMORY)
+        s->runs[way]++;
+    s->mean_s[way] += (seconds - s->mean_s[way]) / s->runs[way];
+}
+
+/* Lane l's share of a step's n tokens: [lane_begin(l), lane_begin(l + 1)). */
+static int32_t lane_begin(int32_t n, int64_t lane, int32_t n_lanes) { return (int32_t)(n * lane / n_lanes); }
+
+/* Lane `lane`: its share of the batch (every token samples) through the
+ * layers on this thread alone, its final normed states into lane_out. */
+static void run_lane(void *arg, int64_t lane, int ith) {
+    (void)ith;
+    sb_engine *e = arg;
+    const int32_t n = e->n_lane_tokens;
+    const int32_t b0 = lane_begin(n, lane, e->n_lanes), b1 = lane_begin(n, lane + 1, e->n_lanes);
+    sb_forward *f = lane == 0 ? &e->fwd : &e->lane_fwd[lane - 1];
+    sb_forward_layers(f, &e->kv, e->batch + b0, b1 - b0, e->lane_out + (size_t)b0 * e->model->hp.n_embd);
+}
+
+/* The step's forward pass and sampling of n tokens, n_sampling of which
+ * sample, the way choose_split says. The output matrix is one product on
+ * the pool either way: lanes would each read all of it (110M Q4_K_M, 8
+ * streams: 20 MB, the lane's slowest product), where the pool reads it
+ * once for all the tokens. */
+static void forward_and_sample(sb_engine *e, int32_t n, int32_t n_sampling, double *at) {
+    const clockid_t clock = e->fwd.prof_clock;
+    const bool may_split = can_split(e, n, n_sampling), measured = may_split && e->p.split == SB_SPLIT_AUTO;
+    const enum split_way way = may_split ? choose_split(e, n) : SPLIT_BY_ROWS;
+    const double t0 = measured ? now_s() : 0;
+    if (e->profile) {
+        e->step_fwd = (sb_fwd_profile){0};
+        at[1] = sb__clock_s(clock);
+    }
+    if (way == SPLIT_BY_LANES) {
+        e->n_lane_tokens = n;
+        e->fwd.pool = NULL;
+        sb_threadpool_for_each_thread(e->pool, run_lane, e);
+        e->fwd.pool = e->pool;
+        sb_forward_logits(&e->fwd, e->lane_out, n);
+    } else {
+        sb_forward_run(&e->fwd, &e->kv, e->batch, n);
+    }
+    if (e->profile) /* with lanes, lane 0's layers; the wait for the others in forward_s */
+        at[2] = sb__clock_s(clock);
+    /* Logits rows are in batch order; the sequences sample together. */
+    for (int32_t i = 0; i < n_sampling; i++)
+        e->sampling[i]->logits = e->fwd.logits + (size_t)i * e->model->hp.n_vocab;
+    sb_threadpool_for(e->pool, n_sampling, sample_one, e);
+    if (e->profile)
+        at[3] = sb__clock_s(clock);
+    if (measured)
+        record_split(e, n, way, now_s() - t0);
+}
+
 /* One scheduling step. */
 static void step(sb_engine *e) {
     const clockid_t clock = e->fwd.prof_clock;
@@ -603,20 +713,7 @@ static void step(sb_engine *e) {
     }
     if (n == 0)
         return;
-    if (e->profile) {
-        e->step_fwd = (sb_fwd_profile){0};
-        at[1] = sb__clock_s(clock);
-    }
-    sb_forward_run(&e->fwd, &e->kv, e->batch, n);
-    if (e->profile)
-        at[2] = sb__clock_s(clock);
-
-    /* Logits rows are in batch order; the sequences sample together. */
-    for (int32_t i = 0; i < n_sampling; i++)
-        e->sampling[i]->logits = e->fwd.logits + (size_t)i * e->model->hp.n_vocab;
-    sb_threadpool_for(e->pool, n_sampling, sample_one, e);
-    if (e->profile)
-        at[3] = sb__clock_s(clock);
+    forward_and_sample(e, n, n_sampling, at);
 
     int32_t bi = 0;
     uint64_t computed = 0, generated = 0;
@@ -688,6 +785,8 @@ sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *para
                            sb_engine **out, sb_error *err) {
     *out = NULL;
     sb_engine_params p = params ? *params : sb_engine_default_params();
+    if (p.split < SB_SPLIT_AUTO || p.split > SB_SPLIT_LANES)
+        return sb_fail(err, SB_ERR_INVALID_ARG, "unknown split mode %d", (int)p.split);
     if (p.n_ctx <= 0 || p.n_parallel <= 0 || p.max_batch_tokens <= 0 || p.max_queue <= 0 || p.block_size <= 0)
         return sb_fail(err, SB_ERR_INVALID_ARG, "engine parameters must be positive (n_ctx %d, parallel %d, batch %d, "
                        "queue %d, block %d)", p.n_ctx, p.n_parallel, p.max_batch_tokens, p.max_queue, p.block_size);
@@ -710,6 +809,18 @@ sb_status sb_engine_create(const sb_model_t *model, const sb_engine_params *para
     sb_status st = sb_kv_init(&e->kv, model, n_blocks, p.block_size, p.cache_type, err);
     if (st == SB_OK)
         st = sb_forward_init(&e->fwd, model, e->pool, p.max_batch_tokens, p.n_parallel, p.n_ctx, err);
+    /* Lanes after lane 0 (e->fwd) hold the largest share of a decoding step. */
+    e->n_lanes = sb_threadpool_n_threads(e->pool);
+    const int32_t lane_tokens = (p.n_parallel + e->n_lanes - 1) / e->n_lanes;
+    if (st == SB_OK && e->n_lanes > 1) {
+        e->lane_fwd = sb_calloc((size_t)e->n_lanes - 1, sizeof(sb_forward));
+        e->split = sb_calloc((size_t)p.n_parallel + 1, sizeof(split_stats));
+        e->lane_out = sb_malloc((size_t)p.n_parallel * model->hp.n_embd * sizeof(float));
+        if (!e->lane_fwd || !e->split || !e->lane_out)
+            st = sb_fail(err, SB_ERR_NOMEM, "out of memory");
+        for (int32_t l = 0; st == SB_OK && l < e->n_lanes - 1; l++) /* no logits: the output product is the pool's */
+            st = sb_forward_init(&e->lane_fwd[l], model, NULL, lane_tokens, 1, p.n_ctx, err);
+    }
     if (st == SB_OK)
         st = sb_blocks_create(n_blocks, &e->blocks, err);
     if (st == SB_OK) {
@@ -760,6 +871,11 @@ void sb_engine_free(sb_engine *e) {
     sb_free(e->cancels);
     sb_blocks_free(e->blocks);
     sb_forward_free(&e->fwd);
+    for (int32_t l = 0; e->lane_fwd && l < e->n_lanes - 1; l++)
+        sb_forward_free(&e->lane_fwd[l]);
+    sb_free(e->lane_fwd);
+    sb_free(e->split);
+    sb_free(e->lane_out);
     sb_kv_free(&e->kv);
     pthread_mutex_destroy(&e->lock);
     sb_free(e);

@@ -51,6 +51,14 @@ typedef enum sb_profile_clock {
                               steady on a loaded host (each reading is a system call) */
 } sb_profile_clock;
 
+/* How a decoding step's forward pass uses the pool's threads (engine.c, "lanes"). */
+typedef enum sb_split_mode {
+    SB_SPLIT_AUTO,  /* whichever of the two this engine measures faster, per batch size */
+    SB_SPLIT_ROWS,  /* every product split by rows between the threads */
+    SB_SPLIT_LANES, /* the sequences split between the threads, each through the layers alone,
+                       whenever each thread gets two or more */
+} sb_split_mode;
+
 typedef struct sb_engine_params {
     int32_t n_ctx;            /* KV-cache positions shared by all sequences (one request may use all) */
     int32_t n_parallel;       /* most sequences running at once */
@@ -61,6 +69,7 @@ typedef struct sb_engine_params {
                                  llama-server's: half of F32's memory per position, so twice the
                                  sequences or context fit, and attention reads half the bytes */
     sb_profile_clock profile; /* time the decoding steps (sb_engine_get_profile); off by default */
+    sb_split_mode split;      /* decoding steps' threads; SB_SPLIT_AUTO by default */
 } sb_engine_params;
 sb_engine_params sb_engine_default_params(void);
 

@@ -505,7 +505,7 @@ static void ffn_block(sb_forward *f, int32_t n, int32_t il) {
                     a->post_norms ? &ly->post_ffn_norm : NULL, &t);
 }
 
-int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, int32_t n) {
+int32_t sb_forward_layers(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, int32_t n, float *out) {
     const sb_model *m = f->model;
     const sb_hparams *hp = &m->hp;
     int32_t dim = hp->n_embd;
@@ -534,20 +534,31 @@ int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, in
         if (batch[i].want_embd)
             rmsnorm(f->embd + (size_t)i * dim, f->x + (size_t)i * dim, m->output_norm.data, dim, hp->rms_eps);
         if (batch[i].want_logits)
-            rmsnorm(f->xb + (size_t)n_out++ * dim, f->x + (size_t)i * dim, m->output_norm.data, dim, hp->rms_eps);
+            rmsnorm(out + (size_t)n_out++ * dim, f->x + (size_t)i * dim, m->output_norm.data, dim, hp->rms_eps);
     }
     charge(f, SB_FWD_NORMS, &t);
-    if (n_out > 0) {
-        sb_matmul_dst d = product_into(&m->output, f->logits);
-        multiply(f, &d, 1, m->output.n_in, f->xb, NULL, NULL, n_out, SB_FWD_HEAD, &t);
-        if (f->prof) {
-            f->prof->head_type = m->output.type;
-            f->prof->head_packed = m->output.packed;
-        }
-        if (hp->logit_softcap > 0)
-            softcap(f->logits, (size_t)n_out * hp->n_vocab, hp->logit_softcap);
-        charge(f, SB_FWD_OTHER, &t);
+    return n_out;
+}
+
+void sb_forward_logits(sb_forward *f, const float *normed, int32_t n_out) {
+    const sb_model *m = f->model;
+    if (n_out == 0)
+        return;
+    double t = tick(f);
+    sb_matmul_dst d = product_into(&m->output, f->logits);
+    multiply(f, &d, 1, m->output.n_in, normed, NULL, NULL, n_out, SB_FWD_HEAD, &t);
+    if (f->prof) {
+        f->prof->head_type = m->output.type;
+        f->prof->head_packed = m->output.packed;
     }
+    if (m->hp.logit_softcap > 0)
+        softcap(f->logits, (size_t)n_out * m->hp.n_vocab, m->hp.logit_softcap);
+    charge(f, SB_FWD_OTHER, &t);
+}
+
+int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, int32_t n) {
+    int32_t n_out = sb_forward_layers(f, kv, batch, n, f->xb);
+    sb_forward_logits(f, f->xb, n_out);
     return n_out;
 }
 

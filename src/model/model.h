@@ -257,6 +257,14 @@ void sb_forward_free(sb_forward *f);
  * order, and the final hidden states of tokens that want them in f->embd
  * at their batch index. Returns the number of logits rows. */
 int32_t sb_forward_run(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, int32_t n);
+/* sb_forward_run in its two parts: the layers, leaving the final normed
+ * hidden state of each token that wants logits in out (n_embd floats per
+ * row, in batch order; f->xb, or another forward's rows: any buffer that
+ * the pass itself does not use), returning how many; and the output
+ * matrix's logits of such rows, into f->logits. Split, several forwards'
+ * layers (one thread each) can share one output product on the pool. */
+int32_t sb_forward_layers(sb_forward *f, sb_kv *kv, const sb_batch_token *batch, int32_t n, float *out);
+void sb_forward_logits(sb_forward *f, const float *normed, int32_t n_out);
 
 /* ---- the single-sequence context of the public API ------------------------ */
 

@@ -210,8 +210,9 @@ static void run_all(const sb_model_t *m, const sb_engine_params *ep, int n_req, 
     sb_engine_free(e);
 }
 
-/* Each request's greedy tokens are the same alone, batched with 15 others,
- * and batched into a cache too small for all of them (preempted, resumed). */
+/* Each request's greedy tokens are the same alone, batched with 15 others
+ * (decoding steps split by rows, as lanes, or as the engine measures), and
+ * batched into a cache too small for all of them (preempted, resumed). */
 static void batched_equals_alone(const sb_model_t *m, sb_cache_type cache_type) {
     enum { N = 16 };
     static result alone[N], together[N], squeezed[N];
@@ -222,6 +223,13 @@ static void batched_equals_alone(const sb_model_t *m, sb_cache_type cache_type) 
         run_alone(m, &ep, i, greedy(NULL, 0, 40), &alone[i]);
     ep.n_parallel = 16;
     ep.max_batch_tokens = 64; /* prompts get chunked and mixed with decoding */
+    for (int split = SB_SPLIT_ROWS; split <= SB_SPLIT_LANES; split++) {
+        ep.split = (sb_split_mode)split;
+        run_all(m, &ep, N, together, NULL, NULL);
+        for (int i = 0; i < N; i++)
+            assert_same_tokens(&alone[i], &together[i]);
+    }
+    ep.split = SB_SPLIT_AUTO;
     run_all(m, &ep, N, together, NULL, NULL);
     ep.n_ctx = 128; /* 16 sequences of up to 80 positions cannot all fit */
     sb_engine_stats st;
@@ -300,6 +308,10 @@ static void test_batched_equals_alone(void **state) {
     assert_int_equal(sb_engine_create(model, &ep, exec, &e, &err), SB_ERR_INVALID_ARG);
     assert_null(e);
     assert_non_null(strstr(err.msg, "multiple of 32"));
+    ep = sb_engine_default_params();
+    ep.split = (sb_split_mode)7;
+    assert_int_equal(sb_engine_create(model, &ep, exec, &e, &err), SB_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "split mode 7"));
 }
 
 static void test_prefix_computed_once(void **state) {
