@@ -80,6 +80,7 @@ typedef struct split_stats {
     double mean_s[2];    /* running mean of the forward pass and sampling, wall seconds */
     int32_t runs[2];     /* counted up to SPLIT_MEMORY */
     int32_t since_probe; /* steps since the slower way last ran */
+    bool probing;        /* the current step runs the slower way */
 } split_stats;
 
 struct sb_engine {
@@ -584,14 +585,18 @@ static void profile_step(sb_engine *e, int32_t n, const double at[5]) {
  * engine measures both, per batch size: each way runs until it has
  * SPLIT_WARM steps of that size, then the faster (by a running mean of
  * the last SPLIT_MEMORY), and the slower again every SPLIT_PROBE steps, as
- * the host and the contexts change. Lanes need at least two tokens each
+ * the host and the contexts change; a probe's time weighs half its way's
+ * mean, which it has not kept up. (This VM's host moves the two threads
+ * between sharing a last-level cache and not, minute by minute, and that
+ * reverses which way is faster; weighed like the others, a probe took
+ * ~8 probes, over a second, to notice.) Lanes need at least two tokens each
  * (one token per lane was 27-36% slower than the pool's split: 110M, 2
  * threads, 2 streams). Results are the same either way: every (row, token)
  * result is computed alike whatever the batch and the threads. */
 enum split_way { SPLIT_BY_ROWS, SPLIT_BY_LANES }; /* split_stats' index */
 #define SPLIT_WARM 4
 #define SPLIT_MEMORY 8
-#define SPLIT_PROBE 64
+#define SPLIT_PROBE 32
 
 /* Whether a step of n tokens, n_sampling of which sample, may run as lanes:
  * on the pool (not a lane of the executor's), every token decoding. */
@@ -606,7 +611,8 @@ static enum split_way choose_split(sb_engine *e, int32_t n) {
     if (s->runs[SPLIT_BY_ROWS] < SPLIT_WARM || s->runs[SPLIT_BY_LANES] < SPLIT_WARM)
         return s->runs[SPLIT_BY_LANES] < s->runs[SPLIT_BY_ROWS] ? SPLIT_BY_LANES : SPLIT_BY_ROWS;
     const enum split_way fast = s->mean_s[SPLIT_BY_LANES] < s->mean_s[SPLIT_BY_ROWS] ? SPLIT_BY_LANES : SPLIT_BY_ROWS;
-    if (++s->since_probe < SPLIT_PROBE)
+    s->probing = ++s->since_probe >= SPLIT_PROBE;
+    if (!s->probing)
         return fast;
     s->since_probe = 0;
     return fast == SPLIT_BY_LANES ? SPLIT_BY_ROWS : SPLIT_BY_LANES;
@@ -616,7 +622,8 @@ static void record_split(sb_engine *e, int32_t n, enum split_way way, double sec
     split_stats *s = &e->split[n];
     if (s->runs[way] < SPLIT_MEMORY)
         s->runs[way]++;
-    s->mean_s[way] += (seconds - s->mean_s[way]) / s->runs[way];
+    s->mean_s[way] += (seconds - s->mean_s[way]) / (s->probing ? 2 : s->runs[way]);
+    s->probing = false;
 }
 
 /* Lane l's share of a step's n tokens: [lane_begin(l), lane_begin(l + 1)). */

@@ -8,7 +8,10 @@
  * Each step the scheduler forms one batch from the next token of every
  * running sequence plus chunks of waiting prompts, up to max_batch_tokens,
  * runs it through the model, samples, and reports to each request through
- * its callback. Prompts that share a prefix (a system prompt, a chat
+ * its callback. A step of decoding tokens alone runs either with every
+ * product split by rows between the pool's threads, or as lanes, each
+ * thread taking its share of the sequences through the layers alone
+ * (sb_split_mode; by default whichever the engine measures faster). Prompts that share a prefix (a system prompt, a chat
  * history) reuse the KV blocks already computed for it. When the cache is
  * full the lowest-priority, newest sequence is preempted (its blocks freed)
  * and resumed later by recomputing: requests are never failed for lack of
@@ -167,7 +170,9 @@ void sb_engine_get_stats(sb_engine *e, sb_engine_stats *out);
  * n tokens (steps in which every token of the batch is the next one of a
  * sequence that samples: n sequences decoding), summed since creation;
  * seconds of the profile's clock on the thread that stepped it. Other steps (with
- * prompt chunks) are not counted. */
+ * prompt chunks) are not counted. A step run as lanes counts lane 0's layers
+ * and the output product in fwd, and the wait for the other lanes in
+ * forward_s only. */
 typedef struct sb_step_profile {
     uint64_t steps;
     double step_s;    /* the whole step */

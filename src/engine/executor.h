@@ -31,7 +31,8 @@
  * 110M Q4_0 models) went from 0.82 to 1.12-1.18 at one stream each and
  * from 0.97-1.00 to 1.21-1.23 at 8; two 1.1B: 0.98 -> 1.11 and 0.97 -> 1.10.
  * The lanes run on the pool's own threads: still n_threads compute threads
- * in all.
+ * in all. (An engine stepped on the pool may split its own decoding step
+ * into lanes, one share of its sequences per thread: engine.c.)
  *
  * Threads: create/free from any one thread; sb_executor_free only after
  * every engine on it has been freed.
