@@ -573,14 +573,15 @@ static void profile_step(sb_engine *e, int32_t n, const double at[5]) {
 
 /* ---- lanes ------------------------------------------------------------------- */
 
-/* A decoding step of many sequences can run its forward pass and sampling
- * either on the pool, every product split by rows between the threads, or
- * as lanes: each thread takes its share of the sequences through the whole
- * model alone, with nothing handed between threads inside the pass. Split
- * by rows, every product ends with each thread reading the activations the
- * others wrote, and its parallel loops wait for the slowest thread about
- * ten times per layer; lanes pay none of that, but each thread reads every
- * weight itself, for fewer tokens at a time. Which is faster depends on the
+/* A decoding step of many sequences can run its forward pass either on
+ * the pool, every product split by rows between the threads, or as lanes:
+ * each thread takes its share of the sequences through the layers alone,
+ * with nothing handed between threads inside them; the output matrix is
+ * then one product on the pool for every token. Split by rows, every
+ * product ends with each thread reading the activations the others wrote,
+ * and the parallel loops wait for the slowest thread about ten times per
+ * layer; lanes pay none of that, but each thread reads every layer weight
+ * itself, for fewer tokens at a time. Which is faster depends on the
  * model's size, the batch, and where the host placed the threads, so each
  * engine measures both, per batch size: each way runs until it has
  * SPLIT_WARM steps of that size, then the faster (by a running mean of
@@ -588,11 +589,13 @@ static void profile_step(sb_engine *e, int32_t n, const double at[5]) {
  * the host and the contexts change; a probe's time weighs half its way's
  * mean, which it has not kept up. (This VM's host moves the two threads
  * between sharing a last-level cache and not, minute by minute, and that
- * reverses which way is faster; weighed like the others, a probe took
- * ~8 probes, over a second, to notice.) Lanes need at least two tokens each
- * (one token per lane was 27-36% slower than the pool's split: 110M, 2
- * threads, 2 streams). Results are the same either way: every (row, token)
- * result is computed alike whatever the batch and the threads. */
+ * reverses which way is faster; weighed like the others, it would take
+ * ~8 probes, over a second at 8 streams, to notice.) Lanes need at least
+ * two tokens each: one token a lane, measured as two one-thread processes
+ * of one stream each, ran 27-36% below the pool's split of 2 streams
+ * (110M Q4_K_M and Q4_0, 2 threads). Results are the same either way:
+ * every (row, token) result is computed alike whatever the batch and the
+ * threads. */
 enum split_way { SPLIT_BY_ROWS, SPLIT_BY_LANES }; /* split_stats' index */
 #define SPLIT_WARM 4
 #define SPLIT_MEMORY 8
