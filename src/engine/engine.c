@@ -96,7 +96,6 @@ struct sb_engine {
     int32_t n_lanes;     /* the pool's threads */
     split_stats *split;  /* n_parallel + 1, by the step's tokens */
     float *lane_out;     /* (n_parallel, n_embd): the lanes' final normed states */
-    int32_t n_lane_tokens; /* the current lanes' batch */
     sb_blocks *blocks;
     sb_batch_token *batch;
     seq **running; /* n_parallel slots: priority, then admission order */
@@ -632,13 +631,18 @@ static void record_split(sb_engine *e, int32_t n, enum split_way way, double sec
 /* Lane l's share of a step's n tokens: [lane_begin(l), lane_begin(l + 1)). */
 static int32_t lane_begin(int32_t n, int64_t lane, int32_t n_lanes) { return (int32_t)(n * lane / n_lanes); }
 
-/* Lane `lane`: its share of the batch (every token samples) through the
- * layers on this thread alone, its final normed states into lane_out. */
+typedef struct lane_job {
+    sb_engine *e;
+    int32_t n; /* the batch's tokens, every one sampling */
+} lane_job;
+
+/* Lane `lane`: its share of the batch through the layers on this thread
+ * alone, its final normed states into lane_out. */
 static void run_lane(void *arg, int64_t lane, int ith) {
     (void)ith;
-    sb_engine *e = arg;
-    const int32_t n = e->n_lane_tokens;
-    const int32_t b0 = lane_begin(n, lane, e->n_lanes), b1 = lane_begin(n, lane + 1, e->n_lanes);
+    const lane_job *j = arg;
+    sb_engine *e = j->e;
+    const int32_t b0 = lane_begin(j->n, lane, e->n_lanes), b1 = lane_begin(j->n, lane + 1, e->n_lanes);
     sb_forward *f = lane == 0 ? &e->fwd : &e->lane_fwd[lane - 1];
     sb_forward_layers(f, &e->kv, e->batch + b0, b1 - b0, e->lane_out + (size_t)b0 * e->model->hp.n_embd);
 }
@@ -658,9 +662,9 @@ static void forward_and_sample(sb_engine *e, int32_t n, int32_t n_sampling, doub
         at[1] = sb__clock_s(clock);
     }
     if (way == SPLIT_BY_LANES) {
-        e->n_lane_tokens = n;
+        lane_job j = {e, n};
         e->fwd.pool = NULL;
-        sb_threadpool_for_each_thread(e->pool, run_lane, e);
+        sb_threadpool_for_each_thread(e->pool, run_lane, &j);
         e->fwd.pool = e->pool;
         sb_forward_logits(&e->fwd, e->lane_out, n);
     } else {

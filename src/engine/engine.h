@@ -11,8 +11,9 @@
  * its callback. A step of decoding tokens alone runs either with every
  * product split by rows between the pool's threads, or as lanes, each
  * thread taking its share of the sequences through the layers alone
- * (sb_split_mode; by default whichever the engine measures faster). Prompts that share a prefix (a system prompt, a chat
- * history) reuse the KV blocks already computed for it. When the cache is
+ * (sb_split_mode; by default whichever the engine measures faster).
+ * Prompts that share a prefix (a system prompt, a chat history) reuse the
+ * KV blocks already computed for it. When the cache is
  * full the lowest-priority, newest sequence is preempted (its blocks freed)
  * and resumed later by recomputing: requests are never failed for lack of
  * cache.

@@ -23,17 +23,18 @@
  * multiplies them with the products; the mins' term of the formats with
  * mins is 4 to 8 16-bit multiply-adds per block (pairs of m_j with pairs of
  * the token's sums). The terms are prepared once per call (the packing's
- * terms, shared by the five formats so that a layer's Q4_K or Q5_K and Q6_K matrices take one
- * conversion of their input). Integers are exact, so only the fmas per block
- * and row, the scale products, the conversions and the final acc - accm are
- * float work, the reference's own, in its order.
+ * terms, shared by the five formats so that a layer's Q4_K or Q5_K and
+ * Q6_K matrices take one conversion of their input). Integers are exact,
+ * so only the fmas per block and row, the scale products, the conversions
+ * and the final acc - accm are float work, the reference's own, in its
+ * order.
  *
  * A tile takes each block of its rows a quarter at a time (16 vectors of
  * quants unpacked into registers, with the scales of its sub-blocks; the
  * mins decoded once per block, after the units) for up to QK_T tokens, so
- * one token (decode) and many (prompts, batches) share the code; the next group's rows are prefetched at the
- * pace of the units on the first token pass, as qb_tile does at the pace of
- * its blocks.
+ * one token (decode) and many (prompts, batches) share the code; the next
+ * group's rows are prefetched at the pace of the units on the first token
+ * pass, as qb_tile does at the pace of its blocks.
  */
 
 #if SBX_AVX512
@@ -82,10 +83,11 @@ SBX_ALWAYS int kq_nscales(kq_fmt f) { return f == KQ_Q2_K || f == KQ_Q6_K ? 16 :
 SBX_ALWAYS size_t kq_meta(kq_fmt f) { return (kq_mins(f) ? 4 : 2) + (size_t)kq_nscales(f); }
 SBX_ALWAYS int kq_sub(kq_fmt f) { return f == KQ_Q4_K || f == KQ_Q5_K ? 32 : 16; } /* elements per sub-block */
 /* Q6_K's sub-blocks of 16 by a 32-bit multiply (m32: the tiles of several
- * tokens on AVX-512), or in runs of 8 of its quants less 32. A run of 8 takes a multiply-add and a broadcast starting
- * value, where vpdpbusd adds its products into the chain for free: in the
- * AVX-512 tiles of several tokens the multiply per 16 is 1.17x faster (Zen
- * 5, 8 tokens, 768 x 32000: 361-366 -> 412-433 GFLOP/s); for one token
+ * tokens on AVX-512), or in runs of 8 of its quants less 32. A run of 8
+ * takes a multiply-add and a broadcast starting value, where vpdpbusd adds
+ * its products into the chain for free: in the AVX-512 tiles of several
+ * tokens the multiply per 16 is 1.17x faster (Zen 5, 8 tokens, 768 x
+ * 32000: 361-366 -> 412-433 GFLOP/s); for one token
  * (decode) it streamed cold rows of 2048 and more at 18-21 GB/s against
  * 33-35, and on AVX2 (pmaddubsw, pmaddwd and an add per 4 bytes either way)
  * it is 8% slower. */
