@@ -75,12 +75,16 @@ typedef struct seq {
     int32_t n_top;
 } seq;
 
+/* The two ways a decoding step can use the pool ("lanes" below). */
+enum split_way { SPLIT_BY_ROWS, SPLIT_BY_LANES };
+
 /* How decoding steps of one size have run, each way (split_way). */
 typedef struct split_stats {
     double mean_s[2];    /* running mean of the forward pass and sampling, wall seconds */
-    int32_t runs[2];     /* counted up to SPLIT_MEMORY */
-    int32_t since_probe; /* steps since the slower way last ran */
-    bool probing;        /* the current step runs the slower way */
+    int32_t runs[2];     /* steps counted in the mean, up to SPLIT_MEMORY */
+    int32_t since_probe; /* steps of the faster way since the slower last ran */
+    int32_t probe_left;  /* steps of the slower way the current probe still runs */
+    bool probing;        /* the current step is a probe's */
 } split_stats;
 
 struct sb_engine {
@@ -95,6 +99,7 @@ struct sb_engine {
     sb_forward *lane_fwd; /* lanes 1..n_lanes-1 (see "lanes" below) */
     int32_t n_lanes;     /* the pool's threads */
     split_stats *split;  /* n_parallel + 1, by the step's tokens */
+    enum split_way last_way; /* the previous decoding step's, whatever its size */
     float *lane_out;     /* (n_parallel, n_embd): the lanes' final normed states */
     sb_blocks *blocks;
     sb_batch_token *batch;
@@ -584,21 +589,26 @@ static void profile_step(sb_engine *e, int32_t n, const double at[5]) {
  * model's size, the batch, and where the host placed the threads, so each
  * engine measures both, per batch size: each way runs until it has
  * SPLIT_WARM steps of that size, then the faster (by a running mean of
- * the last SPLIT_MEMORY), and the slower again every SPLIT_PROBE steps, as
- * the host and the contexts change; a probe's time weighs half its way's
- * mean, which it has not kept up. (This VM's host moves the two threads
- * between sharing a last-level cache and not, minute by minute, and that
- * reverses which way is faster; weighed like the others, it would take
- * ~8 probes, over a second at 8 streams, to notice.) Lanes need at least
+ * the last SPLIT_MEMORY), and the slower again for SPLIT_PROBE_STEPS every
+ * SPLIT_PROBE steps, as the host and the contexts change; a probe's time
+ * weighs half its way's mean, which it has not kept up. (This VM's host
+ * moves the two threads between sharing a last-level cache and not,
+ * minute by minute, and that reverses which way is faster; weighed like
+ * the others, it would take ~8 probes, over a second at 8 streams, to
+ * notice.) The first step after a change of way is not counted: it finds
+ * the caches as the other way left them (a lane reads the KV rows the
+ * other thread wrote; 110M Q4_0, 8 streams: +0.2-0.3 ms, 7-10%), and
+ * counting it, as the first version did, made lanes look slower than
+ * rows while running 4-9% faster alone. Lanes need at least
  * two tokens each: one token a lane, measured as two one-thread processes
  * of one stream each, ran 27-36% below the pool's split of 2 streams
  * (110M Q4_K_M and Q4_0, 2 threads). Results are the same either way:
  * every (row, token) result is computed alike whatever the batch and the
  * threads. */
-enum split_way { SPLIT_BY_ROWS, SPLIT_BY_LANES }; /* split_stats' index */
 #define SPLIT_WARM 4
 #define SPLIT_MEMORY 8
-#define SPLIT_PROBE 32
+#define SPLIT_PROBE 64
+#define SPLIT_PROBE_STEPS 2 /* the first not counted */
 
 /* Whether a step of n tokens, n_sampling of which sample, may run as lanes:
  * on the pool (not a lane of the executor's), every token decoding. */
@@ -606,26 +616,38 @@ static bool can_split(const sb_engine *e, int32_t n, int32_t n_sampling) {
     return e->pool && e->n_lanes > 1 && n == n_sampling && n >= 2 * e->n_lanes;
 }
 
+static enum split_way faster_way(const split_stats *s) {
+    return s->mean_s[SPLIT_BY_LANES] < s->mean_s[SPLIT_BY_ROWS] ? SPLIT_BY_LANES : SPLIT_BY_ROWS;
+}
+
+/* Warm-up runs each way's steps back to back (rows, then lanes), so that
+ * only its first step meets the other way's caches. */
 static enum split_way choose_split(sb_engine *e, int32_t n) {
     if (e->p.split != SB_SPLIT_AUTO)
         return e->p.split == SB_SPLIT_LANES ? SPLIT_BY_LANES : SPLIT_BY_ROWS;
     split_stats *s = &e->split[n];
-    if (s->runs[SPLIT_BY_ROWS] < SPLIT_WARM || s->runs[SPLIT_BY_LANES] < SPLIT_WARM)
-        return s->runs[SPLIT_BY_LANES] < s->runs[SPLIT_BY_ROWS] ? SPLIT_BY_LANES : SPLIT_BY_ROWS;
-    const enum split_way fast = s->mean_s[SPLIT_BY_LANES] < s->mean_s[SPLIT_BY_ROWS] ? SPLIT_BY_LANES : SPLIT_BY_ROWS;
-    s->probing = ++s->since_probe >= SPLIT_PROBE;
+    for (int way = 0; way < 2; way++)
+        if (s->runs[way] < SPLIT_WARM)
+            return (enum split_way)way;
+    const enum split_way fast = faster_way(s), slow = fast == SPLIT_BY_LANES ? SPLIT_BY_ROWS : SPLIT_BY_LANES;
+    if (s->probe_left == 0 && ++s->since_probe >= SPLIT_PROBE) {
+        s->since_probe = 0;
+        s->probe_left = SPLIT_PROBE_STEPS;
+    }
+    s->probing = s->probe_left > 0;
     if (!s->probing)
         return fast;
-    s->since_probe = 0;
-    return fast == SPLIT_BY_LANES ? SPLIT_BY_ROWS : SPLIT_BY_LANES;
+    s->probe_left--;
+    return slow;
 }
 
 static void record_split(sb_engine *e, int32_t n, enum split_way way, double seconds) {
     split_stats *s = &e->split[n];
+    if (way != e->last_way)
+        return;
     if (s->runs[way] < SPLIT_MEMORY)
         s->runs[way]++;
     s->mean_s[way] += (seconds - s->mean_s[way]) / (s->probing ? 2 : s->runs[way]);
-    s->probing = false;
 }
 
 /* Lane l's share of a step's n tokens: [lane_begin(l), lane_begin(l + 1)). */
@@ -680,6 +702,7 @@ static void forward_and_sample(sb_engine *e, int32_t n, int32_t n_sampling, doub
         at[3] = sb__clock_s(clock);
     if (measured)
         record_split(e, n, way, now_s() - t0);
+    e->last_way = way;
 }
 
 /* One scheduling step. */
