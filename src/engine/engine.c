@@ -596,10 +596,10 @@ static void profile_step(sb_engine *e, int32_t n, const double at[5]) {
  * minute by minute, and that reverses which way is faster; weighed like
  * the others, it would take ~8 probes, over a second at 8 streams, to
  * notice.) The first step after a change of way is not counted: it finds
- * the caches as the other way left them (a lane reads the KV rows the
- * other thread wrote; 110M Q4_0, 8 streams: +0.2-0.3 ms, 7-10%), and
+ * the caches as the other way left them (a lane, presumably, the KV rows
+ * the other thread wrote; 110M Q4_0, 8 streams: +0.2-0.4 ms, 6-12%), and
  * counting it, as the first version did, made lanes look slower than
- * rows while running 4-9% faster alone. Lanes need at least
+ * rows while they ran 2-9% faster forced. Lanes need at least
  * two tokens each: one token a lane, measured as two one-thread processes
  * of one stream each, ran 27-36% below the pool's split of 2 streams
  * (110M Q4_K_M and Q4_0, 2 threads). Results are the same either way:
