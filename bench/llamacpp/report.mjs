@@ -1,17 +1,19 @@
 // report.mjs - bookkeeping for bench/compare-llamacpp.
 //
-//   node report.mjs record --file F --shape S --format X --test T --threads N
-//        --llama-out J --llama-err E --llama-rc RC --sb-out J --sb-err E --sb-rc RC
+//   node report.mjs record --file F --shape S --format X --test T --round K --roofline R
+//        --threads N --llama-out J --llama-err E --llama-rc RC --sb-out J --sb-err E --sb-rc RC
 //        --sb-timeout SECS --load-before "a b c" --load-after "a b c"
-//     prints one JSON line (a result row) built from the two engines' outputs.
+//     prints one JSON line (a result row: one pair) built from the two engines' outputs and
+//     bench_roofline's (R, run just before the pair: the host's state).
 //     A switchboard run killed by timeout (rc 124) keeps what its
 //     --progress lines say: the median of the finished repetitions, or the
 //     warm-up, or an upper bound (tokens / seconds) when not even that ended.
-//   node report.mjs table RESULTS.jsonl [DIST.json] [ROOFLINE.txt]
-//     prints the comparison table (markdown) and the distribution check;
-//     with bench_roofline's output of the same run, each generation row's
-//     bandwidth bound (the file read once per token) and what each engine
-//     reaches of it.
+//   node report.mjs table RESULTS.jsonl [DIST.json]
+//     prints the comparison table (markdown; per file and test, the medians
+//     over the rounds and the median of the pairs' ratios, each generation
+//     row's bandwidth bound: the file read once per token at the DRAM rate
+//     read before its pairs), every pair with its host state, and the
+//     distribution check.
 import fs from "node:fs";
 import path from "node:path";
 import process from "node:process";
@@ -63,11 +65,27 @@ function engineResult(out, err, rc, test, timeout) {
     return {error: (lastLine(err) || `exit status ${rc}`).replace(/^(switchboard: error: |bench\.mjs: )/, "")};
 }
 
+// The host's state from bench_roofline's output: {dram, l3} read GB/s at
+// `threads`, and vnni, the int8 rate at `threads` over `threads` times one
+// thread's (~1.0 when the VM's vCPUs have cores of their own, ~0.5 when the
+// host runs them on one core's hyperthreads); or null.
+function roofline(p, threads) {
+    const at = {};
+    for (const line of (p ? readMaybe(p) : "").split("\n")) {
+        const f = line.trim().split(/\s+/).map(Number);
+        if (f.length >= 5 && Number.isInteger(f[0]) && f.every((x) => !Number.isNaN(x))) at[f[0]] = f;
+    }
+    const f = at[threads];
+    if (!f) return null;
+    return {dram: f[1], l3: f[2], vnni: at[1] && at[1][4] ? f[4] / (threads * at[1][4]) : null};
+}
+
 function record(args) {
     const a = {};
     for (let i = 0; i < args.length; i += 2) a[args[i].replace(/^--/, "")] = args[i + 1];
     const row = {
-        file: path.basename(a.file), bytes: fs.statSync(a.file).size, shape: a.shape, format: a.format, test: a.test, threads: Number(a.threads),
+        file: path.basename(a.file), bytes: fs.statSync(a.file).size, shape: a.shape, format: a.format, test: a.test,
+        round: Number(a.round ?? 1), threads: Number(a.threads), host: roofline(a.roofline, Number(a.threads)),
         load_before: a["load-before"], load_after: a["load-after"],
         llama: engineResult(readMaybe(a["llama-out"]), readMaybe(a["llama-err"]), Number(a["llama-rc"]), a.test,
             Number(a["llama-timeout"] ?? 0)),
@@ -87,56 +105,111 @@ function fmtTs(r) {
     return r.partial ? `~${s}` : s;
 }
 
-// bench_roofline's read bandwidths (GB/s) at `threads`: {dram, l3}, or null.
-function roofline(p, threads) {
-    for (const line of readMaybe(p).split("\n")) {
-        const f = line.trim().split(/\s+/).map(Number);
-        if (f.length >= 3 && f[0] === threads) return {dram: f[1], l3: f[2]};
-    }
-    return null;
-}
-
 // A generation row's bound in t/s from a bandwidth, and what share of it t_s is.
 function bound(r, gbs) {
     if (!gbs || !r.bytes || !r.test.startsWith("tg")) return null;
     return (gbs * 1e9) / r.bytes;
 }
 
-function table(resultsPath, distPath, rooflinePath) {
+// One pair's ratio switchboard / llama.cpp: {value, approx} (approx: from a
+// run cut short), {below} (an upper bound), or null.
+function pairRatio(r) {
+    const L = r.llama, S = r.switchboard;
+    if (L.t_s && S.t_s) return {value: S.t_s / L.t_s, approx: Boolean(S.partial)};
+    if (L.t_s && S.t_s_below) return {below: S.t_s_below / L.t_s};
+    return null;
+}
+
+function fmtRatio(q) {
+    if (!q) return "-";
+    return q.below != null ? `< ${q.below.toFixed(3)}` : `${q.approx ? "~" : ""}${q.value.toFixed(3)}`;
+}
+
+// What share of its DRAM bound (the file read once per token at the DRAM rate
+// read just before the pair) an engine's result reaches, or null.
+function ofBound(r, e) {
+    const b = bound(r, r.host?.dram);
+    return b && e.t_s ? e.t_s / b : null;
+}
+
+const fixed = (d) => (x) => (x == null ? "-" : x.toFixed(d));
+const share = (x) => (x == null ? "-" : `${Math.round(100 * x)}%`);
+// median of the values that are not null, or null
+const medianOf = (v) => (v.some((x) => x != null) ? median(v.filter((x) => x != null)) : null);
+const range = (v, f) => (v.length ? `${f(Math.min(...v))}-${f(Math.max(...v))}` : "-");
+
+// The rows of one file and test over the rounds, summarised: medians of both
+// engines' rates, of the pairs' ratios (the figure) and of their shares of
+// the bound; the ratios' and the host's ranges.
+function summaryRow(g) {
+    const eng = (k) => {
+        const v = g.filter((r) => r[k].t_s).map((r) => r[k].t_s);
+        const m = v.length ? median(v) : null;
+        return m == null ? "error" : (m >= 100 ? m.toFixed(1) : m.toFixed(2)) +
+            (g.some((r) => r[k].partial) ? " ~" : "");
+    };
+    const q = g.map(pairRatio).filter(Boolean), vals = q.filter((x) => x.value != null);
+    const ratio = vals.length ? {value: median(vals.map((x) => x.value)), approx: vals.some((x) => x.approx)}
+        : q.length ? {below: Math.max(...q.map((x) => x.below))} : null;
+    const r0 = g[0];
+    const bd = medianOf(g.map((r) => bound(r, r.host?.dram))), bl = medianOf(g.map((r) => bound(r, r.host?.l3)));
+    const drams = g.map((r) => r.host?.dram).filter((x) => x != null);
+    const ms = fixed(1);
+    const others = (k) => Math.max(...g.map((r) => r[k].others_cpu_pct ?? 0));
+    return `| ${r0.file} | ${r0.test} | ${g.length} | ${eng("llama")} | ${eng("switchboard")} | ${fmtRatio(ratio)}` +
+        ` | ${range(vals.map((x) => x.value), fixed(2))}` +
+        ` | ${bd ? `${bd.toFixed(1)}, ${bl.toFixed(1)}` : "-"}` +
+        ` | ${bd ? `${share(medianOf(g.map((r) => ofBound(r, r.llama))))}, ${share(medianOf(g.map((r) => ofBound(r, r.switchboard))))}` : "-"}` +
+        ` | ${ms(medianOf(g.map((r) => r.llama.ttft_ms)))} | ${ms(medianOf(g.map((r) => r.switchboard.ttft_ms)))}` +
+        ` | ${ms(medianOf(g.map((r) => r.llama.rss_mb)))} | ${ms(medianOf(g.map((r) => r.switchboard.rss_mb)))}` +
+        ` | ${others("llama")}, ${others("switchboard")} | ${range(drams, fixed(1))} |`;
+}
+
+function pairRow(r) {
+    const h = r.host;
+    const host = h ? `${h.dram}, ${h.l3}, ${h.vnni == null ? "-" : h.vnni.toFixed(2)}` : "-";
+    return `| ${r.file} | ${r.test} | ${r.round ?? 1} | ${fmtTs(r.llama)} | ${fmtTs(r.switchboard)} | ${fmtRatio(pairRatio(r))}` +
+        ` | ${host} | ${r.llama.others_cpu_pct ?? "-"}, ${r.switchboard.others_cpu_pct ?? "-"}` +
+        ` | ${r.load_before} -> ${r.load_after} |`;
+}
+
+function table(resultsPath, distPath) {
     const rows = readMaybe(resultsPath).split("\n").filter(Boolean).map((l) => JSON.parse(l));
-    const roof = rows.length ? roofline(rooflinePath, rows[0].threads) : null;
+    const groups = new Map(); // file and test -> its pairs, in the order of the first round
+    for (const r of rows) {
+        const k = `${r.file} ${r.test}`;
+        if (!groups.has(k)) groups.set(k, []);
+        groups.get(k).push(r);
+    }
     const out = [];
-    out.push("| file | test | llama.cpp t/s | switchboard t/s | sb / llama | tg bound t/s (DRAM, L3) | of bound (llama, sb)" +
-        " | llama ttft ms | sb ttft ms | llama RSS MB | sb RSS MB | others' CPU % (llama, sb) | loadavg before -> after |");
-    out.push("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|");
+    out.push("| file | test | pairs | llama.cpp t/s | switchboard t/s | sb / llama | pairs' range" +
+        " | tg bound t/s (DRAM, L3) | of bound (llama, sb) | llama ttft ms | sb ttft ms | llama RSS MB | sb RSS MB" +
+        " | others' CPU %, most (llama, sb) | DRAM GB/s before the pairs |");
+    out.push("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    for (const g of groups.values()) out.push(summaryRow(g));
     const notes = [];
     for (const r of rows) {
-        const L = r.llama, S = r.switchboard;
-        let ratio = "-";
-        if (L.t_s && S.t_s) ratio = (S.t_s / L.t_s).toFixed(3);
-        else if (L.t_s && S.t_s_below) ratio = `< ${(S.t_s_below / L.t_s).toFixed(3)}`;
-        if (S.partial && S.t_s) ratio = `~${ratio}`;
-        const ms = (x) => (x == null ? "-" : x.toFixed(1));
-        const bd = bound(r, roof?.dram), bl = bound(r, roof?.l3);
-        const of = (e) => (bd && e.t_s ? `${Math.round((100 * e.t_s) / bd)}%` : "-");
-        const bounds = bd ? `${bd.toFixed(1)}, ${bl.toFixed(1)}` : "-";
-        out.push(`| ${r.file} | ${r.test} | ${fmtTs(L)} | ${fmtTs(S)} | ${ratio} | ${bounds} | ${bd ? `${of(L)}, ${of(S)}` : "-"}` +
-            ` | ${ms(L.ttft_ms)} | ${ms(S.ttft_ms)}` +
-            ` | ${ms(L.rss_mb)} | ${ms(S.rss_mb)} | ${L.others_cpu_pct ?? "-"}, ${S.others_cpu_pct ?? "-"}` +
-            ` | ${r.load_before} -> ${r.load_after} |`);
-        if (L.error) notes.push(`${r.file} ${r.test}: llama.cpp: ${L.error}`);
-        if (S.error) notes.push(`${r.file} ${r.test}: switchboard: ${S.error}`);
-        if (S.partial) notes.push(`${r.file} ${r.test}: switchboard ${S.partial}`);
+        const at = `${r.file} ${r.test} round ${r.round ?? 1}`;
+        if (r.llama.error) notes.push(`${at}: llama.cpp: ${r.llama.error}`);
+        if (r.switchboard.error) notes.push(`${at}: switchboard: ${r.switchboard.error}`);
+        if (r.switchboard.partial) notes.push(`${at}: switchboard ${r.switchboard.partial}`);
     }
     console.log(out.join("\n"));
+    console.log("\nt/s: medians over the pairs; sb / llama: the median of the pairs' ratios (each pair's engines ran" +
+        " one after the other), their range beside it.");
+    console.log(`tg bound: the file's bytes read once per token at bench_roofline's DRAM rate (1 GiB) and L3 rate` +
+        ` (64 MiB repeated) with ${rows[0]?.threads} threads, read just before each pair (median over the pairs);` +
+        " of bound: t/s over that pair's DRAM bound, median (above 100%: part of the file stays in the L3 between tokens).");
+    console.log("\nEvery pair (host before it: DRAM and L3 read GB/s, int8 VNNI at the threads over the threads times" +
+        " one thread's: ~1.0 when the vCPUs have cores of their own, ~0.5 when they share one):\n");
+    console.log("| file | test | round | llama.cpp t/s | switchboard t/s | sb / llama | host before: DRAM, L3, VNNI" +
+        " | others' CPU % (llama, sb) | loadavg before -> after |");
+    console.log("|---|---|--:|--:|--:|--:|---|--:|---|");
+    console.log(rows.map(pairRow).join("\n"));
     if (notes.length) {
         console.log("\nNotes:");
         for (const n of notes) console.log(`- ${n}`);
     }
-    if (roof)
-        console.log(`\ntg bound: the file's bytes read once per token at bench_roofline's ${roof.dram} GB/s (1 GiB, DRAM)` +
-            ` and ${roof.l3} GB/s (64 MiB repeated, L3) with ${rows[0].threads} threads, measured at the start of this run;` +
-            " of bound: t/s over the DRAM bound (above 100%: part of the file stays in the L3 between tokens).");
     console.log("\n~ = from the runs that finished before the time limit; < = an upper bound (the first run did not finish).");
     console.log("RSS: llama.cpp's is the node process's peak (node itself adds about 50-80 MB); switchboard's is ru_maxrss.");
     console.log("others' CPU %: the share of all cores' time that other processes used during that engine's run" +
@@ -160,8 +233,8 @@ function table(resultsPath, distPath, rooflinePath) {
 
 const [cmd, ...rest] = process.argv.slice(2);
 if (cmd === "record") record(rest);
-else if (cmd === "table") table(rest[0], rest[1], rest[2]);
+else if (cmd === "table") table(rest[0], rest[1]);
 else {
-    console.error("usage: node report.mjs record ... | table RESULTS.jsonl [DIST.json] [ROOFLINE.txt]");
+    console.error("usage: node report.mjs record ... | table RESULTS.jsonl [DIST.json]");
     process.exit(2);
 }
