@@ -142,11 +142,13 @@ const range = (v, f) => (v.length ? `${f(Math.min(...v))}-${f(Math.max(...v))}` 
 // engines' rates, of the pairs' ratios (the figure) and of their shares of
 // the bound; the ratios' and the host's ranges.
 function summaryRow(g) {
+    // one engine's pairs as one result for fmtTs: the median rate, else the
+    // highest upper bound, else an error
     const eng = (k) => {
         const v = g.filter((r) => r[k].t_s).map((r) => r[k].t_s);
-        const m = v.length ? median(v) : null;
-        return m == null ? "error" : (m >= 100 ? m.toFixed(1) : m.toFixed(2)) +
-            (g.some((r) => r[k].partial) ? " ~" : "");
+        const below = g.filter((r) => r[k].t_s_below != null).map((r) => r[k].t_s_below);
+        return fmtTs(v.length ? {t_s: median(v), partial: g.some((r) => r[k].partial)}
+            : below.length ? {t_s_below: Math.max(...below)} : {error: true});
     };
     const q = g.map(pairRatio).filter(Boolean), vals = q.filter((x) => x.value != null);
     const ratio = vals.length ? {value: median(vals.map((x) => x.value)), approx: vals.some((x) => x.approx)}
@@ -156,10 +158,11 @@ function summaryRow(g) {
     const drams = g.map((r) => r.host?.dram).filter((x) => x != null);
     const ms = fixed(1);
     const others = (k) => Math.max(...g.map((r) => r[k].others_cpu_pct ?? 0));
+    const shareOf = (k) => share(medianOf(g.map((r) => ofBound(r, r[k]))));
     return `| ${r0.file} | ${r0.test} | ${g.length} | ${eng("llama")} | ${eng("switchboard")} | ${fmtRatio(ratio)}` +
         ` | ${range(vals.map((x) => x.value), fixed(2))}` +
         ` | ${bd ? `${bd.toFixed(1)}, ${bl.toFixed(1)}` : "-"}` +
-        ` | ${bd ? `${share(medianOf(g.map((r) => ofBound(r, r.llama))))}, ${share(medianOf(g.map((r) => ofBound(r, r.switchboard))))}` : "-"}` +
+        ` | ${bd ? `${shareOf("llama")}, ${shareOf("switchboard")}` : "-"}` +
         ` | ${ms(medianOf(g.map((r) => r.llama.ttft_ms)))} | ${ms(medianOf(g.map((r) => r.switchboard.ttft_ms)))}` +
         ` | ${ms(medianOf(g.map((r) => r.llama.rss_mb)))} | ${ms(medianOf(g.map((r) => r.switchboard.rss_mb)))}` +
         ` | ${others("llama")}, ${others("switchboard")} | ${range(drams, fixed(1))} |`;
