@@ -18,7 +18,9 @@
  * SB_BENCH_CHUNK=rows makes the prompt calls that many rows each, like
  * matmul's chunks (default: all rows in one call); SB_BENCH_COLD=1 gives
  * each prompt call a different copy of the weights, so that they come from
- * DRAM as in a model's forward pass.
+ * DRAM as in a model's forward pass; SB_BENCH_SPAN_MB=N makes the copies
+ * span N MiB instead of 1 GiB (does a working set of that size stay in the
+ * last-level cache between passes?).
  *
  * A level that packs the type (sb_kernels.packing, done once when a model
  * loads) gets a second line, "<level>+p", measured on packed copies.
@@ -79,7 +81,12 @@ int main(int argc, char **argv) {
     const int64_t chunk_rows = getenv("SB_BENCH_CHUNK") && atoll(getenv("SB_BENCH_CHUNK")) > 0 ? atoll(getenv("SB_BENCH_CHUNK")) : nr;
     /* SB_BENCH_COLD=1: each prompt call on a different copy of the weights (from DRAM, as in a model). */
     const bool prompt_cold = getenv("SB_BENCH_COLD") && atoi(getenv("SB_BENCH_COLD")) == 1;
-    const size_t cold_bytes = prompt_only && !prompt_cold ? 0 : (size_t)1 << 30;
+    /* SB_BENCH_SPAN_MB=N: the cold copies span N MiB instead of 1 GiB (a working set that may stay
+     * in a last-level cache between passes, as a thread's share of a model's layers might). */
+    const long span_mb = getenv("SB_BENCH_SPAN_MB") && atol(getenv("SB_BENCH_SPAN_MB")) > 0
+                             ? atol(getenv("SB_BENCH_SPAN_MB"))
+                             : 1024;
+    const size_t cold_bytes = prompt_only && !prompt_cold ? 0 : (size_t)span_mb << 20;
     printf("gemm kernels, one thread, n_in=%lld n_out=%lld, prompt n_tok=%lld\n", (long long)n, (long long)nr,
            (long long)nt);
     printf("%-7s %-6s %12s %12s %14s\n", "level", "type", "decode hot", "decode cold", "prompt");
