@@ -245,8 +245,8 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[6
         const int h = u / 2;
         SBX_UNROLL for (int i = 0; i < 4; i++) {
             const int k = 4 * (u % 2) + i;
-            const vi v = vi_loadu(qv + (size_t)(8 * h + k) * 4 * QB_R);
-            const vi hm = f == KQ_Q3_K ? vi_loadu(qv + (size_t)(16 + k) * 4 * QB_R) : v;
+            const vi v = vi_load_once(qv + (size_t)(8 * h + k) * 4 * QB_R);
+            const vi hm = f == KQ_Q3_K ? vi_load_once(qv + (size_t)(16 + k) * 4 * QB_R) : v;
             SBX_UNROLL for (int j = 0; j < 4; j++) {
                 const vi q = vi_and(qk_bits_to(v, 2 * j, 0), m3);
                 wq[32 * h + 8 * j + k] = f == KQ_Q3_K ? qk_or_and(q, qk_bits_to(hm, 4 * h + j, 2), b2) : q;
@@ -258,7 +258,7 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[6
         const vi m6 = vi_set1_8(0x3f);
         vi p[12];
         SBX_UNROLL for (int k = 0; k < 12; k++) {
-            p[k] = vi_loadu(qv + (size_t)(12 * u + k) * 4 * QB_R);
+            p[k] = vi_load_once(qv + (size_t)(12 * u + k) * 4 * QB_R);
             wq[16 * u + k] = vi_and(p[k], m6);
         }
         /* the last 4 vectors from bits 6-7 of the 12: bits 2s, 2s + 1 of
@@ -281,11 +281,11 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[6
     const vi b4 = vi_set1_8(0x10);
     const int c = u;
     SBX_UNROLL for (int k = 0; k < 8; k++) {
-        const vi v = vi_loadu(qv + (size_t)(8 * c + k) * 4 * QB_R);
+        const vi v = vi_load_once(qv + (size_t)(8 * c + k) * 4 * QB_R);
         wq[16 * c + k] = vi_and(v, m4);
         wq[16 * c + 8 + k] = qb_high_nibbles(v, m4, gfni);
         if (f == KQ_Q5_K) {
-            const vi qh = vi_loadu(qv + (size_t)(32 + k) * 4 * QB_R);
+            const vi qh = vi_load_once(qv + (size_t)(32 + k) * 4 * QB_R);
             wq[16 * c + k] = qk_or_and(wq[16 * c + k], qk_bits_to(qh, 2 * c, 4), b4);
             wq[16 * c + 8 + k] = qk_or_and(wq[16 * c + 8 + k], qk_bits_to(qh, 2 * c + 1, 4), b4);
         }
