@@ -19,10 +19,10 @@
  * Run it with 1 and with 2 threads: the difference, beside half the
  * one-thread time, is what the hand-offs add.
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #include "tensor/threadpool.h"
@@ -78,16 +78,18 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Microseconds per loop of `kind` (0 empty, 1 two-phase, 2 exchange), the
- * median of PASSES passes. */
-static double per_loop_us(sb_threadpool *tp, int kind, exchange *x) {
+typedef enum { LOOP_EMPTY, LOOP_TWO_PHASE, LOOP_EXCHANGE } loop_kind;
+
+/* Microseconds per loop of `kind` (x: the exchange's buffer), the median of
+ * PASSES passes. */
+static double per_loop_us(sb_threadpool *tp, loop_kind kind, exchange *x) {
     double us[PASSES];
     for (int p = 0; p < PASSES; p++) {
         const double t0 = now_s();
         for (int i = 0; i < LOOPS; i++) {
-            if (kind == 0) {
+            if (kind == LOOP_EMPTY) {
                 sb_threadpool_for(tp, ROW_CHUNKS, nothing, NULL);
-            } else if (kind == 1) {
+            } else if (kind == LOOP_TWO_PHASE) {
                 sb_threadpool_for_then(tp, TOKENS, nothing, ROW_CHUNKS, nothing, NULL);
             } else {
                 x->stamp = (uint32_t)i;
@@ -100,35 +102,50 @@ static double per_loop_us(sb_threadpool *tp, int kind, exchange *x) {
     return us[PASSES / 2];
 }
 
+/* s as a whole decimal number in [lo, hi] into *out; false if it is not one. */
+static bool parse_count(const char *s, long lo, long hi, long *out) {
+    char *end;
+    const long v = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
 int main(int argc, char **argv) {
-    const int threads = argc > 1 ? atoi(argv[1]) : 2;
-    if (threads < 1 || threads > 64) {
-        fprintf(stderr, "bench_pool: threads must be 1-64, not '%s'\n", argv[1]);
+    long threads = 2;
+    if (argc > 1 && !parse_count(argv[1], 1, 64, &threads)) {
+        fprintf(stderr, "bench_pool: threads must be a number from 1 to 64, not '%s'\n", argv[1]);
         return 2;
     }
     sb_threadpool *tp;
     sb_error err;
-    if (sb_threadpool_create(threads, &tp, &err) != SB_OK) {
+    if (sb_threadpool_create((int)threads, &tp, &err) != SB_OK) {
         fprintf(stderr, "bench_pool: %s\n", err.msg);
         return 1;
     }
-    printf("threads %d, microseconds per loop (medians of %d passes of %d loops)\n", threads, PASSES, LOOPS);
-    printf("empty %.2f, two-phase %.2f\n", per_loop_us(tp, 0, NULL), per_loop_us(tp, 1, NULL));
+    printf("threads %ld, microseconds per loop (medians of %d passes of %d loops)\n", threads, PASSES, LOOPS);
+    printf("empty %.2f, two-phase %.2f\n", per_loop_us(tp, LOOP_EMPTY, NULL), per_loop_us(tp, LOOP_TWO_PHASE, NULL));
     static const char *defaults[] = {"768", "2048"};
     const int n_sizes = argc > 2 ? argc - 2 : 2;
     int rc = 0;
     for (int s = 0; s < n_sizes; s++) {
         const char *arg = argc > 2 ? argv[2 + s] : defaults[s];
-        const long n = strtol(arg, NULL, 10);
-        exchange x = {.n = n};
-        if (n < ROW_CHUNKS || n > (1L << 24) || !(x.buf = calloc((size_t)TOKENS * (size_t)n, sizeof(uint32_t)))) {
-            fprintf(stderr, "bench_pool: floats per token must be %d to 2^24 (and fit in memory), not '%s'\n",
-                    ROW_CHUNKS, arg);
+        long n;
+        if (!parse_count(arg, ROW_CHUNKS, 1L << 24, &n)) {
+            fprintf(stderr, "bench_pool: floats per token must be a number from %d to %ld, not '%s'\n", ROW_CHUNKS,
+                    1L << 24, arg);
             rc = 2;
             continue;
         }
+        exchange x = {.n = n};
+        if (!(x.buf = calloc((size_t)TOKENS * (size_t)n, sizeof(uint32_t)))) {
+            fprintf(stderr, "bench_pool: out of memory for %d rows of %ld floats\n", TOKENS, n);
+            rc = 1;
+            continue;
+        }
         printf("exchange of %d tokens x %ld floats (%.0f KB) %.2f\n", TOKENS, n,
-               (double)TOKENS * (double)n * sizeof(uint32_t) / 1024, per_loop_us(tp, 2, &x));
+               (double)TOKENS * (double)n * sizeof(uint32_t) / 1024, per_loop_us(tp, LOOP_EXCHANGE, &x));
         free(x.buf);
     }
     sb_threadpool_free(tp);
