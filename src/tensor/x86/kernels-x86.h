@@ -981,6 +981,34 @@ SBX_ALWAYS vi qb_high_nibbles(vi v, vi m4, bool gfni) {
 #define QB_PACKED_D 32
 SBX_ALWAYS size_t qb_packed_q(qbf f) { return f == QB_Q4_0 ? 256 : 512; }
 
+#if SBX_AVX512
+/* Block b of the packed group at pf (its nb blocks of qb quant bytes, then
+ * the scales) asked for: its quants, and every other block the scales'
+ * line (two blocks' worth). */
+SBX_ALWAYS void qb_prefetch_packed(const uint8_t *pf, int64_t b, int64_t nb, size_t qb) {
+    prefetch_ahead(pf + (size_t)b * qb, qb);
+    if (b % 2 == 0)
+        prefetch_ahead(pf + (size_t)nb * qb + (size_t)b * QB_PACKED_D, 64);
+}
+
+/* The QB_R rows' d_w of block b of the packed group at w. */
+SBX_ALWAYS vf qb_packed_scales(const uint8_t *w, int64_t b, int64_t nb, size_t qb) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + (size_t)nb * qb + (size_t)b * QB_PACKED_D)));
+}
+#endif
+
+/* A token's block sum starts from its prepared starting value (xct: the
+ * token's terms). */
+SBX_ALWAYS vi qb_sum_start(const uint8_t *xct, int64_t b) { return vi_set1_32(load_i32(xct + (size_t)b * QB_XB)); }
+
+/* acc + the block's result for one token: its exact integer sum s (biased
+ * by the magic number) times d_w * d_x, the reference's rounding. */
+SBX_ALWAYS vf qb_block_acc(vf acc, vi s, vf dw, const uint8_t *xct, int64_t b) {
+    float dx;
+    memcpy(&dx, xct + (size_t)b * QB_XB + 4, sizeof(dx));
+    return vf_fma(vf_sub(vi_as_vf(s), vi_as_vf(vi_set1_32(QS_MAGIC))), vf_mul(dw, vf_set1(dx)), acc);
+}
+
 /* Block b's 8 weight vectors and scales, as the products want them. */
 SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb, const uint8_t *w,
                             const uint8_t *const *rp, vi rowoff, const uint8_t *pf, vi wq[8]) {
@@ -991,17 +1019,14 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
 #if SBX_AVX512
     if (packed) {
         const size_t qb = qb_packed_q(f);
-        if (pf) {
-            prefetch_ahead(pf + (size_t)b * qb, qb);
-            if (b % 2 == 0)
-                prefetch_ahead(pf + (size_t)nb * qb + (size_t)b * QB_PACKED_D, 64);
-        }
+        if (pf)
+            qb_prefetch_packed(pf, b, nb, qb);
         SBX_UNROLL for (int j = 0; j < 4; j++)
             v[j] = vi_load_once(w + (size_t)b * qb + 64 * j);
         if (f == QB_Q8_0)
             SBX_UNROLL for (int j = 4; j < 8; j++)
                 v[j] = vi_loadu(w + (size_t)b * qb + 64 * j);
-        dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + (size_t)nb * qb + (size_t)b * QB_PACKED_D)));
+        dw = qb_packed_scales(w, b, nb, qb);
     } else
 #else
     (void)packed;
@@ -1041,7 +1066,6 @@ SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const 
         off[r] = (int32_t)(rp[r] - w);
     }
     const vi rowoff = vi_loadu(off);
-    const vf magic = vi_as_vf(vi_set1_32(QS_MAGIC));
     vf acc[QB_T];
     SBX_UNROLL for (int t = 0; t < T; t++)
         acc[t] = vf_zero();
@@ -1053,15 +1077,12 @@ SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const 
          * on the out-of-order window to reach the next token's chain. */
         vi s[QB_T];
         SBX_UNROLL for (int t = 0; t < T; t++)
-            s[t] = vi_set1_32(load_i32(xc + t * xcs + (size_t)b * QB_XB));
+            s[t] = qb_sum_start(xc + t * xcs, b);
         SBX_UNROLL for (int k = 0; k < 8; k++)
             SBX_UNROLL for (int t = 0; t < T; t++)
                 s[t] = qb_dot(f, s[t], wq[k], x + t * xs + (size_t)b * sizeof(sb_block_q8_0) + 2 + 4 * k);
-        SBX_UNROLL for (int t = 0; t < T; t++) {
-            float dx;
-            memcpy(&dx, xc + t * xcs + (size_t)b * QB_XB + 4, sizeof(dx));
-            acc[t] = vf_fma(vf_sub(vi_as_vf(s[t]), magic), vf_mul(dw, vf_set1(dx)), acc[t]);
-        }
+        SBX_UNROLL for (int t = 0; t < T; t++)
+            acc[t] = qb_block_acc(acc[t], s[t], dw, xc + t * xcs, b);
     }
     SBX_UNROLL for (int t = 0; t < T; t++) {
 #if SBX_AVX512
@@ -1084,26 +1105,22 @@ SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const 
  * multiply pipes busy. The integer sums are exact, so their order is
  * free: the same bits as qb_tile. */
 #define QB_PAIR_T 4
+/* pf: the next pair's rows (or the next chunk's), prefetched as qb_tile's. */
 SBX_ALWAYS void qb_tile_pair(qbf f, bool gfni, int T, int64_t nb, const uint8_t *w, size_t ws, const uint8_t *x,
                              size_t xs, const uint8_t *xc, size_t xcs, float *y, size_t ldy, const uint8_t *pf) {
     const size_t qb = qb_packed_q(f), group = (size_t)QB_R * ws;
     const int nv = f == QB_Q4_0 ? 4 : 8; /* packed quant vectors a block */
     const vi m4 = vi_set1_8(0x0f);
-    const vf magic = vi_as_vf(vi_set1_32(QS_MAGIC));
     vf acc[2][QB_PAIR_T];
     SBX_UNROLL for (int g = 0; g < 2; g++)
         SBX_UNROLL for (int t = 0; t < T; t++)
             acc[g][t] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
-        if (pf)
-            SBX_UNROLL for (int g = 0; g < 2; g++) {
-                prefetch_ahead(pf + g * group + (size_t)b * qb, qb);
-                if (b % 2 == 0)
-                    prefetch_ahead(pf + g * group + (size_t)nb * qb + (size_t)b * QB_PACKED_D, 64);
-            }
+        SBX_UNROLL for (int g = 0; g < 2; g++)
+            qb_prefetch_packed(pf + g * group, b, nb, qb);
         vi s[2][QB_PAIR_T];
         SBX_UNROLL for (int t = 0; t < T; t++)
-            s[0][t] = s[1][t] = vi_set1_32(load_i32(xc + t * xcs + (size_t)b * QB_XB));
+            s[0][t] = s[1][t] = qb_sum_start(xc + t * xcs, b);
         SBX_UNROLL for (int k = 0; k < nv; k++) {
             vi lo[2], hi[2];
             SBX_UNROLL for (int g = 0; g < 2; g++) {
@@ -1126,13 +1143,9 @@ SBX_ALWAYS void qb_tile_pair(qbf f, bool gfni, int T, int64_t nb, const uint8_t 
             }
         }
         SBX_UNROLL for (int g = 0; g < 2; g++) {
-            const vf dw = _mm512_cvtph_ps(
-                _mm256_loadu_si256((const __m256i *)(w + g * group + (size_t)nb * qb + (size_t)b * QB_PACKED_D)));
-            SBX_UNROLL for (int t = 0; t < T; t++) {
-                float dx;
-                memcpy(&dx, xc + t * xcs + (size_t)b * QB_XB + 4, sizeof(dx));
-                acc[g][t] = vf_fma(vf_sub(vi_as_vf(s[g][t]), magic), vf_mul(dw, vf_set1(dx)), acc[g][t]);
-            }
+            const vf dw = qb_packed_scales(w + g * group, b, nb, qb);
+            SBX_UNROLL for (int t = 0; t < T; t++)
+                acc[g][t] = qb_block_acc(acc[g][t], s[g][t], dw, xc + t * xcs, b);
         }
     }
     SBX_UNROLL for (int g = 0; g < 2; g++)
@@ -1180,7 +1193,7 @@ SBX_ALWAYS void qb_tiles(qbf f, bool packed, bool gfni, int64_t nb, const uint8_
                 case 3: qb_tile_pair(f, gfni, 3, nb, w + (size_t)r * ws, ws, x, xs, xc, xcs, y + r, ldy, pf); break;
                 default: qb_tile_pair(f, gfni, 4, nb, w + (size_t)r * ws, ws, x, xs, xc, xcs, y + r, ldy, pf); break;
                 }
-                r += QB_R;
+                r += QB_R; /* the pair's second group */
                 continue;
             }
 #endif
