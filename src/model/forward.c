@@ -318,6 +318,20 @@ static void place_qkv(void *arg, int64_t i, int ith) {
     const sb_arch_desc *a = hp->arch;
     const sb_layer *ly = j->layer;
     int32_t hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    int32_t pos = j->batch[i].pos, bs = j->kv->block_size;
+    int32_t block = j->batch[i].blocks[pos / bs], slot = pos % bs;
+    const size_t head_stride = (size_t)bs * j->kv->row; /* a block's heads follow each other */
+    uint8_t *kd = sb_kv_k(j->kv, j->il, block, 0, slot), *vd = sb_kv_v(j->kv, j->il, block, 0, slot);
+    /* The new position's rows are cold (untouched since their block was
+     * handed out, or long evicted): asked for first, their misses overlap
+     * each other and the rotation instead of stalling the stores one by
+     * one (110M Q4_K_M, 8 streams: this part 0.065-0.070 -> 0.046-0.052 ms
+     * a step). */
+    for (int32_t h = 0; h < hp->n_head_kv; h++)
+        for (size_t o = 0; o < j->kv->row; o += 64) {
+            __builtin_prefetch(kd + h * head_stride + o, 1);
+            __builtin_prefetch(vd + h * head_stride + o, 1);
+        }
     float *qi = f->q + (size_t)i * q_dim, *ki = f->k + (size_t)i * kv_dim;
     if (a->qk_norm) {
         for (int32_t h = 0; h < hp->n_head; h++)
@@ -328,13 +342,9 @@ static void place_qkv(void *arg, int64_t i, int ith) {
     const float *cs = f->rope_cs + (size_t)i * hp->n_rot;
     rope(qi, hp->n_head, hd, hp->n_rot, cs, a->rope);
     rope(ki, hp->n_head_kv, hd, hp->n_rot, cs, a->rope);
-    int32_t pos = j->batch[i].pos, bs = j->kv->block_size;
-    int32_t block = j->batch[i].blocks[pos / bs], slot = pos % bs;
-    const sb_kernels *kern = sb_kernels_active();
-    const size_t head_stride = (size_t)bs * j->kv->row; /* a block's heads follow each other */
-    const sb_store_rows_fn store = kern->store_rows[j->kv->type];
-    store(hd, hp->n_head_kv, ki, sb_kv_k(j->kv, j->il, block, 0, slot), head_stride);
-    store(hd, hp->n_head_kv, f->v + (size_t)i * kv_dim, sb_kv_v(j->kv, j->il, block, 0, slot), head_stride);
+    const sb_store_rows_fn store = sb_kernels_active()->store_rows[j->kv->type];
+    store(hd, hp->n_head_kv, ki, kd, head_stride);
+    store(hd, hp->n_head_kv, f->v + (size_t)i * kv_dim, vd, head_stride);
 }
 
 /* Head h of group g (chunk = g*n_head + h): every token of the group attends
