@@ -523,7 +523,7 @@ int32_t sb_forward_layers(sb_forward *f, sb_kv *kv, const sb_batch_token *batch,
     double t = tick(f);
     for (int32_t i = 0; i < n; i++) {
         float *xi = f->x + (size_t)i * dim;
-        sb_get_row(m->tok_embd.type, m->tok_embd.data, dim, batch[i].token, xi);
+        sb_get_row(m->tok_embd.type, m->tok_embd.data, dim, batch[i].token, m->tok_embd.packed, xi);
         if (hp->arch->embd_scale)
             for (int32_t e = 0; e < dim; e++)
                 xi[e] *= sqrtf((float)dim);

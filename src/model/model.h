@@ -78,7 +78,7 @@ typedef struct sb_weight {
     int64_t n_in;  /* ne[0]: elements per row */
     int64_t n_out; /* ne[1]: rows */
     const void *data;
-    bool packed; /* data is in sb_weight_pack's layout (matrix products only) */
+    bool packed; /* data is in sb_weight_pack's layout (matrix products; rows by sb_get_row) */
 } sb_weight;
 
 typedef struct sb_layer {

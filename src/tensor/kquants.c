@@ -224,6 +224,13 @@ void sb__q5_K_to_float(const void *src, float *dst, int64_t n) { dequantize(&fmt
 void sb__q6_K_to_float(const void *src, float *dst, int64_t n) { dequantize(&fmt_q6_K, src, dst, n); }
 void sb__q6_K_quants(const void *blk, uint8_t q[SB_QK_K]) { unpack_quants(&fmt_q6_K, blk, q); }
 
+void sb__q6_K_set_quants(void *blk, const uint8_t q[SB_QK_K]) {
+    sb_block_q6_K *b = blk;
+    memset(b->ql, 0, sizeof(b->ql));
+    memset(b->qh, 0, sizeof(b->qh));
+    pack_quants(&fmt_q6_K, blk, q);
+}
+
 void sb__q8_K_to_float(const void *src, float *dst, int64_t n) {
     const sb_block_q8_K *blk = src;
     for (int64_t b = 0; b < n / SB_QK_K; b++, blk++, dst += SB_QK_K)

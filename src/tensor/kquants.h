@@ -97,6 +97,9 @@ void sb__q8_K_to_float(const void *src, float *dst, int64_t n);
 /* The stored quants (0..63) of one Q6_K block, element by element: what
  * the packed kernels repack at load. */
 void sb__q6_K_quants(const void *blk, uint8_t q[SB_QK_K]);
+/* Its inverse: the quants q (0..63) into blk's ql and qh, its other fields
+ * untouched (a row of a packed table looked up). */
+void sb__q6_K_set_quants(void *blk, const uint8_t q[SB_QK_K]);
 
 /* Quantization: exactly ggml's quantize_row_*_ref (what llama.cpp writes to
  * files without an importance matrix). Q8_K's is also what llama.cpp's x86

@@ -176,8 +176,25 @@ void sb_matmul(sb_threadpool *tp, sb_type type, const void *w, int64_t n_in, int
     sb_matmul_many(tp, &d, 1, n_in, x, n_tok, NULL, work);
 }
 
-void sb_get_row(sb_type type, const void *w, int64_t n_in, int64_t row, float *out) {
+/* The largest block of a packed type (Q6_K's 210 bytes). */
+#define MAX_PACKED_BLOCK 256
+
+void sb_get_row(sb_type type, const void *w, int64_t n_in, int64_t row, bool packed, float *out) {
     const sb_type_traits *t = sb_type_traits_of(type);
     SB_ASSERT(t && t->to_float && n_in % t->blck_size == 0);
-    t->to_float((const char *)w + (size_t)row * sb_type_row_size(type, n_in), out, n_in);
+    const size_t row_size = sb_type_row_size(type, n_in);
+    if (!packed) {
+        t->to_float((const char *)w + (size_t)row * row_size, out, n_in);
+        return;
+    }
+    /* A block at a time: each back in the type's layout, then converted as
+     * the unpacked row's would be (to_float works block by block). */
+    const sb_packing *p = &sb_kernels_active()->packing[type];
+    SB_ASSERT(p->row_block && t->type_size <= MAX_PACKED_BLOCK);
+    const char *group = (const char *)w + (size_t)(row / p->rows) * (size_t)p->rows * row_size;
+    uint8_t block[MAX_PACKED_BLOCK];
+    for (int64_t b = 0; b < n_in / t->blck_size; b++) {
+        p->row_block(group, n_in, (int)(row % p->rows), b, block);
+        t->to_float(block, out + b * t->blck_size, t->blck_size);
+    }
 }

@@ -187,6 +187,11 @@ typedef struct sb_packing {
     sb_gemm_fn gemm;
     size_t term_bytes; /* per block of the activation row */
     void (*terms)(const void *x, int64_t n, void *dst); /* x: one activation row of n elements */
+    /* Block b of row r (< rows) of the packed group at `group` (rows of n_in
+     * elements), back in the type's own block layout: pack's inverse, for a
+     * table whose rows are also looked up one at a time (an embedding table
+     * that is the output matrix too). */
+    void (*row_block)(const void *group, int64_t n_in, int r, int64_t b, void *dst);
 } sb_packing;
 
 typedef struct sb_kernels {
@@ -267,7 +272,8 @@ void sb_matmul_many(sb_threadpool *tp, const sb_matmul_dst *dst, int n, int64_t 
                     const sb_matmul_prep *prep, void *work);
 
 /* Row `row` of a matrix of `type` with rows of n_in elements, as floats
- * (embedding lookup). */
-void sb_get_row(sb_type type, const void *w, int64_t n_in, int64_t row, float *out);
+ * (embedding lookup); packed: w is in sb_weight_pack's layout. The same
+ * floats either way. */
+void sb_get_row(sb_type type, const void *w, int64_t n_in, int64_t row, bool packed, float *out);
 
 #endif

@@ -317,6 +317,40 @@ static void test_packing_is_per_group(void **state) {
         print_message("no packed layout on this CPU\n");
 }
 
+/* A layout's row_block gives back every block of every row as it was
+ * before packing (a tied embedding table's lookups read the packed copy),
+ * on two groups of odd and even block counts. */
+static void test_packed_rows_unpack(void **state) {
+    (void)state;
+    const sb_kernels *simd[SIMD_MAX];
+    int checked = 0;
+    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++)
+        for (uint32_t type = 0; type < SB_TYPE_COUNT; type++) {
+            const sb_packing *p = &simd[l]->packing[type];
+            if (p->rows == 0)
+                continue;
+            assert_non_null(p->row_block);
+            const sb_type_traits *t = sb_type_traits_of(type);
+            for (int64_t blocks = 1; blocks <= 4; blocks += 3) {
+                const int64_t n = (int64_t)t->blck_size * blocks, nr = 2 * (int64_t)p->rows;
+                const size_t ws = row_size((sb_type)type, n), group = ws * (size_t)p->rows;
+                uint8_t *w = malloc(ws * (size_t)nr), *wp = malloc(ws * (size_t)nr), block[256];
+                fill_rows((sb_type)type, false, n, nr, w, ws);
+                p->pack(w, wp, n, nr);
+                for (int64_t r = 0; r < nr; r++)
+                    for (int64_t b = 0; b < blocks; b++) {
+                        p->row_block(wp + (size_t)(r / p->rows) * group, n, (int)(r % p->rows), b, block);
+                        assert_memory_equal(block, w + (size_t)r * ws + (size_t)b * t->type_size, t->type_size);
+                    }
+                free(w);
+                free(wp);
+                checked++;
+            }
+        }
+    if (checked == 0)
+        print_message("no packed layout on this CPU\n");
+}
+
 static void test_gemm_matches_scalar(void **state) {
     (void)state;
     static const int64_t ns[] = {32, 96, 160, 1056};
@@ -770,6 +804,7 @@ int main(void) {
         cmocka_unit_test(test_levels_compared),
         cmocka_unit_test(test_packed_gemm_matches_scalar),
         cmocka_unit_test(test_packing_is_per_group),
+        cmocka_unit_test(test_packed_rows_unpack),
         cmocka_unit_test(test_gemm_tile_shapes),
     };
     return sb_test_exit(cmocka_run_group_tests(tests, NULL, NULL));

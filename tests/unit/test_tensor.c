@@ -741,7 +741,7 @@ static void test_matmul_odd_sizes(void **state) {
                     const char *wr = w + (size_t)r * w_row;
                     /* Exactly the definition, and close to the exact product. */
                     assert_true(y[tok * n_out + r] == t->vec_dot(n_in, wr, xq));
-                    sb_get_row(type, w, n_in, r, wf);
+                    sb_get_row(type, w, n_in, r, false, wf);
                     assert_dot_close(y[tok * n_out + r], wf, xf, n_in, min_term_tolerance(type, wr, xq, n_in),
                                      t->name);
                 }
@@ -772,7 +772,7 @@ static void test_get_row(void **state) {
         t->from_float(src, w, n_in * n_rows);
         t->to_float(w, all, n_in * n_rows);
         for (int64_t r = 0; r < n_rows; r++) {
-            sb_get_row(type, w, n_in, r, got);
+            sb_get_row(type, w, n_in, r, false, got);
             assert_floats_equal(got, all + r * n_in, (int)n_in);
         }
         free(w);

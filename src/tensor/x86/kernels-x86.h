@@ -1320,6 +1320,27 @@ SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t
 
 static void pack_q4_0(const void *src, void *dst, int64_t n_in, int64_t n_out) { qb_pack(QB_Q4_0, src, dst, n_in, n_out); }
 static void pack_q8_0(const void *src, void *dst, int64_t n_in, int64_t n_out) { qb_pack(QB_Q8_0, src, dst, n_in, n_out); }
+
+/* Block b of row r of a group in qb_pack's layout, in the format's own:
+ * its scale, then its quant dwords from the block's vectors (Q8_0's sign
+ * bits flipped back). */
+SBX_ALWAYS void qb_row_block(qbf f, const void *group, int64_t n_in, int r, int64_t b, void *dst) {
+    const int64_t nb = n_in / SB_QK;
+    const size_t qb = qb_packed_q(f);
+    const uint8_t *g = group;
+    uint8_t *out = dst;
+    memcpy(out, g + (size_t)nb * qb + (size_t)b * QB_PACKED_D + 2 * (size_t)r, 2);
+    for (size_t j = 0; j < qb / 64; j++)
+        for (size_t c = 0; c < 4; c++)
+            out[2 + 4 * j + c] = g[(size_t)b * qb + 64 * j + 4 * (size_t)r + c] ^ (f == QB_Q8_0 ? 0x80 : 0);
+}
+
+static void row_block_q4_0(const void *group, int64_t n_in, int r, int64_t b, void *dst) {
+    qb_row_block(QB_Q4_0, group, n_in, r, b, dst);
+}
+static void row_block_q8_0(const void *group, int64_t n_in, int r, int64_t b, void *dst) {
+    qb_row_block(QB_Q8_0, group, n_in, r, b, dst);
+}
 #endif
 
 #include "tensor/x86/kquants-x86.h"
@@ -1702,9 +1723,14 @@ void SBX_FILL(sb_kernels *k) {
         .pack = pack_q4_0,
         .gemm = k->gfni ? gemm_q4_0_packed_gfni : gemm_q4_0_packed,
         .term_bytes = QB_XB,
-        .terms = qb_terms_q4_0};
-    k->packing[SB_TYPE_Q8_0] = (sb_packing){
-        .rows = QB_R, .pack = pack_q8_0, .gemm = gemm_q8_0_packed, .term_bytes = QB_XB, .terms = qb_terms_q8_0};
+        .terms = qb_terms_q4_0,
+        .row_block = row_block_q4_0};
+    k->packing[SB_TYPE_Q8_0] = (sb_packing){.rows = QB_R,
+                                            .pack = pack_q8_0,
+                                            .gemm = gemm_q8_0_packed,
+                                            .term_bytes = QB_XB,
+                                            .terms = qb_terms_q8_0,
+                                            .row_block = row_block_q8_0};
 #endif
     k->gemm[SB_TYPE_Q4_1] = gemm_q4_1;
     k->gemm[SB_TYPE_Q5_0] = gemm_q5_0;

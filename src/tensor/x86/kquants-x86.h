@@ -472,34 +472,50 @@ static void kq_q6_planes(const uint8_t *blk, uint8_t out[192]) {
                 out[48 * u + 16 * s + i] = (uint8_t)(q[64 * u + 16 * s + i] | (q[64 * u + 48 + i] >> 2 * s & 3) << 6);
 }
 
-/* Groups of QB_R rows in the layout kq_qbytes describes. Same size as the rows. */
-static void kq_pack(kq_fmt f, const void *src, void *dst, int64_t n_in, int64_t n_out) {
-    /* where the low bits, the high bits, d, dmin and the scales sit in a block */
-    size_t bsize, off_lo, off_hi = 0, off_d, off_dmin = 0, off_sc;
+/* Where a block of the format keeps its low bits, high bits, d, dmin and
+ * scale bytes (off_hi, off_dmin 0 where it has none). */
+typedef struct kq_fields {
+    size_t size, lo, hi, d, dmin, sc;
+} kq_fields;
+
+SBX_ALWAYS kq_fields kq_fields_of(kq_fmt f) {
     switch (f) {
     case KQ_Q2_K:
-        bsize = sizeof(sb_block_q2_K), off_lo = offsetof(sb_block_q2_K, qs), off_d = offsetof(sb_block_q2_K, d),
-        off_dmin = offsetof(sb_block_q2_K, dmin), off_sc = offsetof(sb_block_q2_K, scales);
-        break;
+        return (kq_fields){sizeof(sb_block_q2_K), offsetof(sb_block_q2_K, qs), 0, offsetof(sb_block_q2_K, d),
+                           offsetof(sb_block_q2_K, dmin), offsetof(sb_block_q2_K, scales)};
     case KQ_Q3_K:
-        bsize = sizeof(sb_block_q3_K), off_lo = offsetof(sb_block_q3_K, qs), off_hi = offsetof(sb_block_q3_K, hmask),
-        off_d = offsetof(sb_block_q3_K, d), off_sc = offsetof(sb_block_q3_K, scales);
-        break;
+        return (kq_fields){sizeof(sb_block_q3_K), offsetof(sb_block_q3_K, qs), offsetof(sb_block_q3_K, hmask),
+                           offsetof(sb_block_q3_K, d), 0, offsetof(sb_block_q3_K, scales)};
     case KQ_Q4_K:
-        bsize = sizeof(sb_block_q4_K), off_lo = offsetof(sb_block_q4_K, qs), off_d = offsetof(sb_block_q4_K, d),
-        off_dmin = offsetof(sb_block_q4_K, dmin), off_sc = offsetof(sb_block_q4_K, scales);
-        break;
+        return (kq_fields){sizeof(sb_block_q4_K), offsetof(sb_block_q4_K, qs), 0, offsetof(sb_block_q4_K, d),
+                           offsetof(sb_block_q4_K, dmin), offsetof(sb_block_q4_K, scales)};
     case KQ_Q5_K:
-        bsize = sizeof(sb_block_q5_K), off_lo = offsetof(sb_block_q5_K, qs), off_hi = offsetof(sb_block_q5_K, qh),
-        off_d = offsetof(sb_block_q5_K, d), off_dmin = offsetof(sb_block_q5_K, dmin),
-        off_sc = offsetof(sb_block_q5_K, scales);
-        break;
+        return (kq_fields){sizeof(sb_block_q5_K), offsetof(sb_block_q5_K, qs), offsetof(sb_block_q5_K, qh),
+                           offsetof(sb_block_q5_K, d), offsetof(sb_block_q5_K, dmin), offsetof(sb_block_q5_K, scales)};
     default:
-        bsize = sizeof(sb_block_q6_K), off_lo = offsetof(sb_block_q6_K, ql), off_hi = offsetof(sb_block_q6_K, qh),
-        off_d = offsetof(sb_block_q6_K, d), off_sc = offsetof(sb_block_q6_K, scales);
+        return (kq_fields){sizeof(sb_block_q6_K), offsetof(sb_block_q6_K, ql), offsetof(sb_block_q6_K, qh),
+                           offsetof(sb_block_q6_K, d), 0, offsetof(sb_block_q6_K, scales)};
     }
+}
+
+/* kq_q6_planes' inverse: the block's quants (0..63) from its 192 bytes. */
+static void kq_q6_unplanes(const uint8_t planes[192], uint8_t q[SB_QK_K]) {
+    for (int u = 0; u < 4; u++) {
+        memset(q + 64 * u + 48, 0, 16);
+        for (int s = 0; s < 3; s++)
+            for (int i = 0; i < 16; i++) {
+                const uint8_t p = planes[48 * u + 16 * s + i];
+                q[64 * u + 16 * s + i] = p & 63;
+                q[64 * u + 48 + i] |= (uint8_t)(p >> 6 << 2 * s);
+            }
+    }
+}
+
+/* Groups of QB_R rows in the layout kq_qbytes describes. Same size as the rows. */
+static void kq_pack(kq_fmt f, const void *src, void *dst, int64_t n_in, int64_t n_out) {
+    const kq_fields k = kq_fields_of(f);
     const int64_t nb = n_in / SB_QK_K;
-    const size_t row = (size_t)nb * bsize, qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
+    const size_t row = (size_t)nb * k.size, qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
     const size_t lo_chunks = kq_lobytes(f) / 16;
     const uint8_t *rp[QB_R], *pp[QB_R];
     uint8_t planes[QB_R][192];
@@ -511,7 +527,7 @@ static void kq_pack(kq_fmt f, const void *src, void *dst, int64_t n_in, int64_t 
         for (int r = 0; r < QB_R; r++)
             rp[r] = in + (size_t)r * row;
         for (int64_t b = 0; b < nb; b++) {
-            const size_t o = (size_t)b * bsize;
+            const size_t o = (size_t)b * k.size;
             uint8_t *qv = out + (size_t)b * qsz;
             if (f == KQ_Q6_K)
                 for (int r = 0; r < QB_R; r++)
@@ -522,20 +538,49 @@ static void kq_pack(kq_fmt f, const void *src, void *dst, int64_t n_in, int64_t 
                 if (f == KQ_Q6_K)
                     qb_transpose(pp, 16 * i, v);
                 else
-                    qb_transpose(rp, o + (i < lo_chunks ? off_lo + 16 * i : off_hi + 16 * (i - lo_chunks)), v);
+                    qb_transpose(rp, o + (i < lo_chunks ? k.lo + 16 * i : k.hi + 16 * (i - lo_chunks)), v);
                 for (int j = 0; j < 4; j++)
                     vi_storeu(qv + (4 * i + (size_t)j) * 4 * QB_R, v[j]);
             }
             uint8_t *mb = meta + (size_t)b * msz, *ms = mb + (kq_mins(f) ? 4 : 2) * QB_R;
             for (int r = 0; r < QB_R; r++) {
-                memcpy(mb + 2 * r, rp[r] + o + off_d, 2);
+                memcpy(mb + 2 * r, rp[r] + o + k.d, 2);
                 if (kq_mins(f))
-                    memcpy(mb + 2 * QB_R + 2 * r, rp[r] + o + off_dmin, 2);
+                    memcpy(mb + 2 * QB_R + 2 * r, rp[r] + o + k.dmin, 2);
                 for (int i = 0; i < kq_nscales(f); i++)
-                    ms[i * QB_R + r] = rp[r][o + off_sc + (size_t)i];
+                    ms[i * QB_R + r] = rp[r][o + k.sc + (size_t)i];
             }
         }
     }
+}
+
+/* Block b of row r of a packed group, in the format's own layout: the
+ * rows' dwords of quant bytes from the block's vectors (Q6_K's quants
+ * out of kq_q6_planes' order, then stored as its ql and qh), d, dmin and
+ * the scale bytes from the meta. */
+static void kq_row_block(kq_fmt f, const void *group, int64_t n_in, int r, int64_t b, void *dst) {
+    const kq_fields k = kq_fields_of(f);
+    const int64_t nb = n_in / SB_QK_K;
+    const size_t qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
+    const uint8_t *qv = (const uint8_t *)group + (size_t)b * qsz, *mb = (const uint8_t *)group + (size_t)nb * qsz +
+                                                                          (size_t)b * msz;
+    const uint8_t *ms = mb + (kq_mins(f) ? 4 : 2) * QB_R;
+    uint8_t *out = dst, q[192];
+    for (size_t i = 0; i < kq_qbytes(f) / 4; i++)
+        memcpy(q + 4 * i, qv + i * 4 * QB_R + 4 * (size_t)r, 4);
+    if (f == KQ_Q6_K) {
+        uint8_t v[SB_QK_K];
+        kq_q6_unplanes(q, v);
+        sb__q6_K_set_quants(out, v);
+    } else {
+        memcpy(out + k.lo, q, kq_lobytes(f));
+        memcpy(out + k.hi, q + kq_lobytes(f), kq_qbytes(f) - kq_lobytes(f));
+    }
+    memcpy(out + k.d, mb + 2 * r, 2);
+    if (kq_mins(f))
+        memcpy(out + k.dmin, mb + 2 * QB_R + 2 * r, 2);
+    for (int i = 0; i < kq_nscales(f); i++)
+        out[k.sc + (size_t)i] = ms[i * QB_R + r];
 }
 
 /* The packing entries of the three formats; on AVX-512 also gemms that
@@ -547,6 +592,9 @@ static void kq_pack(kq_fmt f, const void *src, void *dst, int64_t n_in, int64_t 
     }                                                                                                             \
     static void pack_##name(const void *src, void *dst, int64_t n_in, int64_t n_out) {                          \
         kq_pack(f, src, dst, n_in, n_out);                                                                        \
+    }                                                                                                             \
+    static void row_block_##name(const void *group, int64_t n_in, int r, int64_t b, void *dst) {                \
+        kq_row_block(f, group, n_in, r, b, dst);                                                                  \
     }
 #define KQ_GFNI(name, f)                                                                                          \
     static void gemm_##name##_packed_gfni(int64_t n, const void *w, size_t ws, int64_t nr, const void *x,       \
@@ -570,15 +618,20 @@ KQ_GFNI(q6_K, KQ_Q6_K)
 static void kq_fill(sb_kernels *k) {
     /* Q2_K and Q3_K have no high nibbles: no GFNI variant */
     k->packing[SB_TYPE_Q2_K] = (sb_packing){
-        .rows = QB_R, .pack = pack_q2_K, .gemm = gemm_q2_K_packed, .term_bytes = KQ_TERMS, .terms = kq_terms};
+        .rows = QB_R, .pack = pack_q2_K, .gemm = gemm_q2_K_packed, .term_bytes = KQ_TERMS, .terms = kq_terms,
+        .row_block = row_block_q2_K};
     k->packing[SB_TYPE_Q3_K] = (sb_packing){
-        .rows = QB_R, .pack = pack_q3_K, .gemm = gemm_q3_K_packed, .term_bytes = KQ_TERMS, .terms = kq_terms};
+        .rows = QB_R, .pack = pack_q3_K, .gemm = gemm_q3_K_packed, .term_bytes = KQ_TERMS, .terms = kq_terms,
+        .row_block = row_block_q3_K};
     k->packing[SB_TYPE_Q4_K] = (sb_packing){
-        .rows = QB_R, .pack = pack_q4_K, .gemm = KQ_GEMM(q4_K), .term_bytes = KQ_TERMS, .terms = kq_terms};
+        .rows = QB_R, .pack = pack_q4_K, .gemm = KQ_GEMM(q4_K), .term_bytes = KQ_TERMS, .terms = kq_terms,
+        .row_block = row_block_q4_K};
     k->packing[SB_TYPE_Q5_K] = (sb_packing){
-        .rows = QB_R, .pack = pack_q5_K, .gemm = KQ_GEMM(q5_K), .term_bytes = KQ_TERMS, .terms = kq_terms};
+        .rows = QB_R, .pack = pack_q5_K, .gemm = KQ_GEMM(q5_K), .term_bytes = KQ_TERMS, .terms = kq_terms,
+        .row_block = row_block_q5_K};
     k->packing[SB_TYPE_Q6_K] = (sb_packing){
-        .rows = QB_R, .pack = pack_q6_K, .gemm = KQ_GEMM(q6_K), .term_bytes = KQ_TERMS, .terms = kq_terms};
+        .rows = QB_R, .pack = pack_q6_K, .gemm = KQ_GEMM(q6_K), .term_bytes = KQ_TERMS, .terms = kq_terms,
+        .row_block = row_block_q6_K};
 }
 #undef KQ_ENTRIES
 #undef KQ_GFNI
