@@ -7,8 +7,8 @@
 //      by switchboard; every tensor's type and bytes, general.file_type and
 //      general.quantization_version must be equal (stories260K's q2_k and
 //      q3_k_m need iq4_nl, which switchboard refuses with a message);
-//   2. the Q4_K_M, Q5_K_M and Q6_K files made by llama.cpp (and a Q4_K_M one of a model whose
-//      output is its embedding table, a Q6_K table packed and looked up) decode greedily to
+//   2. the Q4_K_M, Q5_K_M and Q6_K files made by llama.cpp (and two Q4_K_M ones of models whose
+//      output is their embedding table: a Q6_K table, and a Q8_0 one with Q5_0 layers) decode greedily to
 //      the same first tokens in both engines (at least 8 of 32, or fewer and
 //      then two tokens within 3% of our distribution's spread: random
 //      quantized models meet near-ties), and their teacher-forced next-token
@@ -114,26 +114,29 @@ for (const [label, input] of inputs)
     }
 console.log(`quantizing time, all files: switchboard ${tOurs.toFixed(2)} s, llama.cpp ${tTheirs.toFixed(2)} s (2 threads each, process start included)`);
 
-// A model whose output matrix is its embedding table (gemma2's files have no output.weight, as
-// Llama 3.2 1B's and Qwen2.5's small ones): both quantizers make the table Q6_K, which
-// switchboard packs for the output product and looks rows up in.
-{
-    const tiedIn = join(dir, 'gen-tied-f16.gguf');
+// Models whose output matrix is their embedding table (gemma2's files have no output.weight, as
+// Llama 3.2 1B's and Qwen2.5's small ones), which switchboard packs for the output product and
+// looks rows up in: rows of 256 make the table Q6_K; rows of 288 (not a multiple of 256, as
+// Qwen2.5 0.5B's 896) make it Q8_0 and most layer matrices Q5_0, llama.cpp's fallbacks.
+for (const dim of [256, 288]) {
+    const label = `gen-tied${dim}`, tiedIn = join(dir, `${label}-f16.gguf`);
     execFileSync(bin, ['gen-model', '--out', tiedIn, '--type', 'f16', '--arch', 'gemma2', '--vocab-from',
-                       join(shared, 'models/llama2-vocab-tiny-random.gguf'), '--dim', '256', '--hidden', '512',
+                       join(shared, 'models/llama2-vocab-tiny-random.gguf'), '--dim', String(dim), '--hidden', '512',
                        '--layers', '4', '--heads', '4', '--kv-heads', '2', '--ctx', '256', '--seed', '17']);
-    const theirs = join(dir, 'gen-tied-q4_k_m-llama.gguf'), ours = join(dir, 'gen-tied-q4_k_m-sb.gguf');
+    const theirs = join(dir, `${label}-q4_k_m-llama.gguf`), ours = join(dir, `${label}-q4_k_m-sb.gguf`);
     const l = timed(quantizer, [libllama, tiedIn, theirs, 'q4_k_m', '2']);
     const s = timed(bin, ['quantize', tiedIn, ours, 'q4_k_m', '--threads', '2']);
     if (l.status !== 0 || s.status !== 0) {
-        check(false, `gen-tied q4_k_m: llama.cpp exit ${l.status}, switchboard exit ${s.status}\n${l.stderr}${s.stderr}`);
-    } else {
-        compare('gen-tied q4_k_m', ours, theirs);
-        const embd = readGguf(theirs).tensors['token_embd.weight'];
-        check(embd && embd.type === 'q6_K' && !readGguf(theirs).tensors['output.weight'],
-              `gen-tied q4_k_m: token_embd.weight ${embd && embd.type}, no output.weight`);
-        made['gen-tied-q4_k_m'] = theirs;
+        check(false, `${label} q4_k_m: llama.cpp exit ${l.status}, switchboard exit ${s.status}\n${l.stderr}${s.stderr}`);
+        continue;
     }
+    compare(`${label} q4_k_m`, ours, theirs);
+    const t = readGguf(theirs).tensors, table = dim % 256 ? 'q8_0' : 'q6_K';
+    const q5 = Object.values(t).filter((x) => x.type === 'q5_0').length;
+    check(t['token_embd.weight']?.type === table && !t['output.weight'] && (dim % 256 === 0 || q5 > 0),
+          `${label} q4_k_m: token_embd.weight ${t['token_embd.weight']?.type} (${table} expected), ` +
+          `no output.weight, ${q5} q5_0 matrices`);
+    made[`${label}-q4_k_m`] = theirs;
 }
 
 // Refusals: an already-quantized input, a missing or unknown type.
@@ -171,7 +174,7 @@ function tieGap(model, ids, a, b) {
 const llama = await getLlama({gpu: false, logLevel: LlamaLogLevel.error, build: 'never'});
 const prompts = ['Once upon a time', 'The capital of France is'];
 const N = 32, MIN_SAME = 8;
-const kfiles = [...['q4_k_m', 'q5_k_m', 'q6_k'].map((t) => `gen-f16-${t}`), 'gen-tied-q4_k_m']
+const kfiles = [...['q4_k_m', 'q5_k_m', 'q6_k'].map((t) => `gen-f16-${t}`), 'gen-tied256-q4_k_m', 'gen-tied288-q4_k_m']
                    .map((k) => made[k]).filter(Boolean);
 for (const path of kfiles) {
     const model = await llama.loadModel({modelPath: path});

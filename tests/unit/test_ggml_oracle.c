@@ -14,9 +14,9 @@
  *   - our vec_dot == its ggml_vec_dot_<w>_<x>, to the bit (Q4_0, Q4_K: ==
  *     the gemv of its repacked layout, what it runs those matrices with);
  *     Q2_K, Q3_K, Q5_K and Q6_K, whose order is ours (Q4_K's repacked one,
- *     which llama.cpp's AVX2 backend does not run for them), and Q8_0 (one
- *     integer sum per block, as Q4_0's and llama.cpp's AMX kernel), within
- *     the rounding of two float orders of the same exact integer sums.
+ *     which llama.cpp's AVX2 backend does not run for them), Q8_0 and Q5_0
+ *     (one integer sum per block, as Q4_0's and llama.cpp's AMX kernel),
+ *     within the rounding of two float orders of the same exact integer sums.
  *
  * The library is found at $SB_GGML_BASE, else at
  * tests/npm/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so
@@ -87,7 +87,7 @@ static const struct {
     bool close;
 } dots[] = {
     {SB_TYPE_Q4_0, GEMV_Q4_0_8X8, false}, {SB_TYPE_Q4_1, "ggml_vec_dot_q4_1_q8_1", false},
-    {SB_TYPE_Q5_0, "ggml_vec_dot_q5_0_q8_0", false}, {SB_TYPE_Q5_1, "ggml_vec_dot_q5_1_q8_1", false},
+    {SB_TYPE_Q5_0, "ggml_vec_dot_q5_0_q8_0", true}, {SB_TYPE_Q5_1, "ggml_vec_dot_q5_1_q8_1", false},
     {SB_TYPE_Q8_0, "ggml_vec_dot_q8_0_q8_0", true},
     {SB_TYPE_Q2_K, "ggml_vec_dot_q2_K_q8_K", true}, {SB_TYPE_Q3_K, "ggml_vec_dot_q3_K_q8_K", true},
     {SB_TYPE_Q4_K, GEMV_Q4_K_8X8, false}, {SB_TYPE_Q5_K, "ggml_vec_dot_q5_K_q8_K", true},
@@ -456,7 +456,7 @@ static void gemv_q4_K_repacked(int64_t n, const uint8_t *rows, size_t stride, co
     free(packed);
 }
 
-/* The bound on |ours - ggml's| for a Q2_K, Q3_K, Q5_K, Q6_K or Q8_0 dot of
+/* The bound on |ours - ggml's| for a Q2_K, Q3_K, Q5_K, Q6_K, Q5_0 or Q8_0 dot of
  * n elements: both sum the same exact integers per block (sc * q * x,
  * m * bsum) and differ only in where they round (ours: one conversion and
  * fma per block and sum; ggml: 8 lanes per block, then a halving sum), each
@@ -465,17 +465,18 @@ static void gemv_q4_K_repacked(int64_t n, const uint8_t *rows, size_t stride, co
  * |d_x| sum_j |x|, qmax the largest |q - bias|. 2^-24 * S per block and
  * step, 4 steps per block (conversion, product, fma, the final sums) and 8
  * for the reductions: far below what one wrong integer product moves the
- * result by. Q8_0 likewise, with its blocks of 32 and |d_w d_x| sum |w x|. */
+ * result by. Q5_0 and Q8_0 likewise, with their blocks of 32 and sum |w x|
+ * (the dequantized values' products, |d_w d_x| sum |q_w q_x|). */
 static double dot_bound(sb_type type, int64_t n, const uint8_t *w, const uint8_t *xq) {
-    if (type == SB_TYPE_Q8_0) {
+    if (type == SB_TYPE_Q5_0 || type == SB_TYPE_Q8_0) {
+        const size_t wsize = sb_type_traits_of(type)->type_size;
         double S = 0;
         for (int64_t b = 0; b < n / SB_QK; b++) {
-            const sb_block_q8_0 *wb = (const sb_block_q8_0 *)(w + b * sizeof(sb_block_q8_0)),
-                                *xb = (const sb_block_q8_0 *)(xq + b * sizeof(sb_block_q8_0));
-            double a = 0;
+            float wf[SB_QK], xf[SB_QK];
+            sb_type_traits_of(type)->to_float(w + b * wsize, wf, SB_QK);
+            sb_type_traits_of(SB_TYPE_Q8_0)->to_float(xq + b * sizeof(sb_block_q8_0), xf, SB_QK);
             for (int e = 0; e < SB_QK; e++)
-                a += abs(wb->qs[e] * xb->qs[e]);
-            S += fabs((double)sb_fp16_to_fp32(wb->d) * sb_fp16_to_fp32(xb->d)) * a;
+                S += fabs((double)wf[e] * xf[e]);
         }
         return 0x1p-24 * S * (double)(4 * (n / SB_QK) + 8);
     }

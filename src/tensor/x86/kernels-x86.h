@@ -13,8 +13,8 @@
  *   - block formats: per (row, token) pair, 8 float lanes; per block one
  *     fma(d_w*d_x, lane_sum, acc) per lane, then ((l0+l4)+(l2+l6)) +
  *     ((l1+l5)+(l3+l7)), plus a scalar sum of m_w*s_x for formats with a min;
- *     except Q4_0 and Q8_0: one fma(block_sum, d_w*d_x, acc) per block
- *     (gemm_q4_0, gemm_q8_0);
+ *     except Q4_0, Q5_0 and Q8_0: one fma(block_sum, d_w*d_x, acc) per block
+ *     (qb_gemm);
  *   - float formats: 64 lanes per pair (fmaf per element, by position
  *     mod 64), a fixed reduction, the tail in double.
  * Lanes are independent, so the kernels are free in how they walk them: a
@@ -90,10 +90,10 @@
 #define FKB 512 /* elements per sweep of a multi-sweep float tile (a multiple of 64) */
 #endif
 
-/* The formats, as compile-time constants of the tile functions. Q4_0 and
- * Q8_0 have their own kernels (qb_gemm), outside this scheme; F_Q8_0 names
- * the KV cache's rows for axpy. */
-typedef enum { F_F32, F_F16, F_BF16, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0 } fmt;
+/* The formats, as compile-time constants of the tile functions. Q4_0, Q5_0
+ * and Q8_0 have their own kernels (qb_gemm), outside this scheme; F_Q8_0
+ * names the KV cache's rows for axpy. */
+typedef enum { F_F32, F_F16, F_BF16, F_Q4_1, F_Q5_1, F_Q8_0 } fmt;
 
 SBX_ALWAYS bool is_float(fmt f) { return f <= F_BF16; }
 SBX_ALWAYS bool has_min(fmt f) { return f == F_Q4_1 || f == F_Q5_1; }
@@ -314,13 +314,8 @@ static uint8_t *scratch_area(int i, size_t bytes) {
 }
 
 
-SBX_ALWAYS size_t q_wsize(fmt f) { return f == F_Q4_1 ? 20 : f == F_Q5_0 ? 22 : 24; }
+SBX_ALWAYS size_t q_wsize(fmt f) { return f == F_Q4_1 ? 20 : 24; }
 SBX_ALWAYS size_t q_xsize(fmt f) { return has_min(f) ? sizeof(sb_block_q8_1) : sizeof(sb_block_q8_0); }
-
-/* The weight quants are handled unsigned (0..2^bits-1) and the format's bias
- * taken off as bias * (sum of the activation's 4 bytes per lane), which is
- * exact. */
-SBX_ALWAYS int q_bias(fmt f) { return f == F_Q5_0 ? 16 : 0; }
 
 /* Elements 0..15 from the low nibbles of qs, 16..31 from the high ones: the
  * 16 bytes in both halves (a load, no shuffle port), the upper half shifted
@@ -361,44 +356,31 @@ SBX_ALWAYS wblock w_decode(fmt f, const uint8_t *b) {
     o.m = has_min(f) ? _mm_cvtph_ps(_mm_set1_epi16((short)load_u16(b + 2))) : _mm_setzero_ps();
     switch (f) {
     case F_Q4_1: o.q = nibbles(b + 4); break;
-    case F_Q5_0: o.q = _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)); break;
     default: o.q = _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); break;
     }
     return o;
 }
 
 typedef struct {
-    __m256i q;  /* the 32 signed quants */
-    __m256i nb; /* the bias term: AVX-512 -bias*sum per lane (int32); AVX2 bias*pair sums (int16) */
-    __m256 d;   /* scale, broadcast */
+    __m256i q; /* the 32 signed quants */
+    __m256 d;  /* scale, broadcast */
 } xblock;
 
 SBX_ALWAYS xblock x_prep(fmt f, const uint8_t *b) {
     xblock o;
-    const int bias = q_bias(f);
     o.d = h2f_bcast(b);
     o.q = _mm256_loadu_si256((const __m256i *)(b + (has_min(f) ? 4 : 2)));
-#if SBX_AVX512
-    o.nb = bias ? _mm256_sub_epi32(_mm256_setzero_si256(),
-                                   _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)bias), o.q))
-                : _mm256_setzero_si256();
-#else
-    o.nb = bias ? _mm256_maddubs_epi16(_mm256_set1_epi8((char)bias), o.q) : _mm256_setzero_si256();
-#endif
     return o;
 }
 
-/* The 8 int32 lane sums sum_{e in lane} (w_e - bias) * x_e of one block. */
-SBX_ALWAYS __m256i pair_dot(fmt f, const wblock *w, const xblock *x) {
+/* The 8 int32 lane sums sum_{e in lane} w_e * x_e of one block (the weight
+ * quants unsigned, 0..2^bits-1). */
+SBX_ALWAYS __m256i pair_dot(const wblock *w, const xblock *x) {
 #if SBX_AVX512
-    (void)f;
-    return _mm256_dpbusd_epi32(x->nb, w->q, x->q);
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w->q, x->q);
 #else
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i p = _mm256_maddubs_epi16(w->q, x->q); /* pairs: |.| <= 2*31*128, no saturation */
-    if (q_bias(f))
-        p = _mm256_sub_epi16(p, x->nb);
-    return _mm256_madd_epi16(p, ones);
+    /* pairs: |.| <= 2*31*128, no saturation */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w->q, x->q), _mm256_set1_epi16(1));
 #endif
 }
 
@@ -441,7 +423,7 @@ SBX_ALWAYS void q_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t 
             const xblock xb = x_prep(f, x + t * xs + (size_t)b * xsz);
             SBX_UNROLL for (int r = 0; r < R; r++) {
                 const __m256 d = _mm256_mul_ps(wb[r].d, xb.d);
-                acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(pair_dot(f, &wb[r], &xb)), acc[r][t]);
+                acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(pair_dot(&wb[r], &xb)), acc[r][t]);
             }
         }
     }
@@ -467,15 +449,13 @@ SBX_ALWAYS void q_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t 
  * lane pair one vpdpbusd against the token's 8 lane bytes broadcast, and
  * two float operations.
  *
- * The activations' lane starting values and scales are computed once per
- * call into scratch: QS_MAGIC - bias * (sum of the lane's 4 quants), which
- * carries the bias correction (exact, as on the decode path) and the float
- * conversion's offset. The
- * quants are read from the Q8 rows as they are. */
+ * Every lane sum starts from QS_MAGIC, the float conversion's offset; the
+ * activations' scales are converted once per call into scratch, and their
+ * quants read from the Q8 rows as they are. */
 #define QS_MIN_NT 2
 #define QS_T 4                   /* tokens per pass: 16 accumulators */
 #define QS_XGROUP (768 * 1024)   /* bytes of activations per token group (L2-resident) */
-enum { QS_XB = 8 * 4 + 4 + 4 }; /* per token and block: lane starting values, d_x, s_x */
+enum { QS_XB = 4 + 4 }; /* per token and block: d_x, s_x */
 
 SBX_ALWAYS size_t qs_wbytes(fmt f) { return (size_t)(has_min(f) ? 6 : 5) * 64; }
 
@@ -538,18 +518,12 @@ SBX_ALWAYS void qs_unpack(fmt f, const uint8_t *w, size_t ws, int rows, int64_t 
     }
 }
 
-/* Token t's nb blocks: the lane starting values, d_x and s_x, into dst. */
+/* Token t's nb blocks: d_x and s_x as floats, into dst. */
 SBX_ALWAYS void qs_pack_x(fmt f, const uint8_t *x, int64_t nb, uint8_t *dst) {
-    const size_t xsz = q_xsize(f), qo = has_min(f) ? 4 : 2;
-    const int bias = q_bias(f);
+    const size_t xsz = q_xsize(f);
     for (int64_t b = 0; b < nb; b++, x += xsz, dst += QS_XB) {
-        __m256i c = _mm256_set1_epi32(QS_MAGIC);
-        if (bias)
-            c = _mm256_sub_epi32(c, _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)bias),
-                                                        _mm256_loadu_si256((const __m256i *)(x + qo))));
-        _mm256_storeu_si256((__m256i *)dst, c);
         const float s[2] = {_cvtsh_ss(load_u16(x)), has_min(f) ? _cvtsh_ss(load_u16(x + 2)) : 0.0f};
-        memcpy(dst + 32, s, sizeof(s));
+        memcpy(dst, s, sizeof(s));
     }
 }
 
@@ -572,7 +546,8 @@ SBX_ALWAYS __m512 bcast32f(const uint8_t *p) {
 SBX_ALWAYS void qs_tile(fmt f, int T, int64_t nb, const uint8_t *wt, const uint8_t *x, size_t xs, const uint8_t *xc,
                         size_t xcs, int rows, float *y, size_t ldy, const uint8_t *pf, size_t pf_block) {
     const size_t wb = qs_wbytes(f), xsz = q_xsize(f), qo = has_min(f) ? 4 : 2;
-    const __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32(QS_MAGIC));
+    const __m512i start = _mm512_set1_epi32(QS_MAGIC);
+    const __m512 magic = _mm512_castsi512_ps(start);
     __m512 acc[QS_T][4], mins[QS_T];
     SBX_UNROLL for (int t = 0; t < T; t++) {
         mins[t] = _mm512_setzero_ps();
@@ -588,13 +563,13 @@ SBX_ALWAYS void qs_tile(fmt f, int T, int64_t nb, const uint8_t *wt, const uint8
         const __m512 dw = _mm512_load_ps(wt + 256);
         SBX_UNROLL for (int t = 0; t < T; t++) {
             const uint8_t *xb = xc + t * xcs + (size_t)b * QS_XB, *xq = x + t * xs + (size_t)b * xsz + qo;
-            const __m512 d = _mm512_mul_ps(dw, bcast32f(xb + 32));
+            const __m512 d = _mm512_mul_ps(dw, bcast32f(xb));
             SBX_UNROLL for (int h = 0; h < 4; h++) {
-                const __m512i s = _mm512_dpbusd_epi32(bcast64(xb + 8 * h), wq[h], bcast64(xq + 8 * h));
+                const __m512i s = _mm512_dpbusd_epi32(start, wq[h], bcast64(xq + 8 * h));
                 acc[t][h] = _mm512_fmadd_ps(d, _mm512_sub_ps(_mm512_castsi512_ps(s), magic), acc[t][h]);
             }
             if (has_min(f))
-                mins[t] = _mm512_add_ps(mins[t], _mm512_mul_ps(_mm512_load_ps(wt + 320), bcast32f(xb + 36)));
+                mins[t] = _mm512_add_ps(mins[t], _mm512_mul_ps(_mm512_load_ps(wt + 320), bcast32f(xb + 4)));
         }
     }
     /* Slot 2m + i of lane pair h is lane 2h + i: (h0 + h2) holds l0+l4 and
@@ -770,7 +745,7 @@ SBX_ALWAYS bool fs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
 }
 #endif
 
-/* ==== Q4_0 and Q8_0: one weight row per lane ============================ */
+/* ==== Q4_0, Q5_0 and Q8_0: one weight row per lane ====================== */
 
 /* Their reference (dot.c) sums each block's products into one integer and
  * adds it with one fma per (row, token) pair: acc = fma(sum, d_w*d_x, acc).
@@ -786,17 +761,22 @@ SBX_ALWAYS bool fs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
  *
  * The quants are taken unsigned and the bias folded into the integer sum's
  * starting value, -bias * (sum of the token's 32 quants), exact: Q4_0's
- * nibbles (0..15, bias 8); Q8_0's bytes with their sign bit flipped on
+ * nibbles (0..15, bias 8); Q5_0's, each with its fifth bit from qh (bit e
+ * of the rows' qh dword for element e; 0..31, bias 16); Q8_0's bytes with their sign bit flipped on
  * AVX-512 (q + 128, bias 128). AVX2's maddubs would saturate on those, so
  * there Q8_0 keeps its signed bytes and multiplies |w| by x with w's sign
  * (exact for activations in [-127, 127], which is what act_q8_0 makes).
  * The starting value also carries QS_MAGIC (see qs_gemm) so that one float
  * subtraction turns the sum into a float. Both are prepared once per call
  * and token, with d_x as a float, in QB_XB bytes per block. */
-typedef enum { QB_Q4_0, QB_Q8_0 } qbf; /* the weight format */
+typedef enum { QB_Q4_0, QB_Q5_0, QB_Q8_0 } qbf; /* the weight format */
 
-SBX_ALWAYS size_t qb_wsize(qbf f) { return f == QB_Q4_0 ? sizeof(sb_block_q4_0) : sizeof(sb_block_q8_0); }
-SBX_ALWAYS int qb_bias(qbf f) { return f == QB_Q4_0 ? 8 : SBX_AVX512 ? 128 : 0; }
+SBX_ALWAYS size_t qb_wsize(qbf f) {
+    return f == QB_Q4_0 ? sizeof(sb_block_q4_0) : f == QB_Q5_0 ? sizeof(sb_block_q5_0) : sizeof(sb_block_q8_0);
+}
+SBX_ALWAYS int qb_bias(qbf f) { return f == QB_Q4_0 ? 8 : f == QB_Q5_0 ? 16 : SBX_AVX512 ? 128 : 0; }
+SBX_ALWAYS size_t qb_qs(qbf f) { return f == QB_Q5_0 ? offsetof(sb_block_q5_0, qs) : 2; } /* the quant bytes */
+SBX_ALWAYS bool qb_nibbles(qbf f) { return f != QB_Q8_0; }
 #if SBX_AVX512
 typedef __m512i vi;
 #define QB_R 16
@@ -895,13 +875,22 @@ SBX_ALWAYS void qb_transpose(const uint8_t *const *rp, size_t off, vi v[4]) {
     v[3] = vi_unpackhi64(u1, u3);
 }
 
+/* The QB_R rows' dwords at p (row r's at p + off[r]). */
+SBX_ALWAYS vi qb_gather(const uint8_t *p, vi off) {
+#if SBX_AVX512
+    return _mm512_i32gather_epi32(off, p, 1);
+#else
+    return _mm256_i32gather_epi32((const int *)p, off, 1);
+#endif
+}
+
 /* The QB_R rows' d_w of the block at p (row r at p + off[r]): one gather of
  * each row's first dword, whose low half is the F16 scale. */
 SBX_ALWAYS vf qb_scales(const uint8_t *p, vi off) {
 #if SBX_AVX512
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(off, p, 1)));
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(qb_gather(p, off)));
 #else
-    const __m256i g = _mm256_i32gather_epi32((const int *)p, off, 1);
+    const __m256i g = qb_gather(p, off);
     const __m256i low = _mm256_shuffle_epi8(g, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1,
                                                                 -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1,
                                                                 -1, -1));
@@ -967,6 +956,26 @@ SBX_ALWAYS vi qb_high_nibbles(vi v, vi m4, bool gfni) {
     return vi_and(vi_srli16(v, 4), m4);
 }
 
+/* Q5_0's quants of elements 4j..4j+3 (vector j of a block) with their fifth
+ * bits, bits 4j..4j+3 of the rows' qh dwords: byte j / 2 of each dword
+ * spread over the dword's 4 bytes, then byte c keeps bit 4(j % 2) + c. */
+SBX_ALWAYS vi qb_fifth_bits(vi q, vi qh, int j) {
+    const int32_t bits = j % 2 ? (int32_t)0x80402010 : 0x08040201;
+#if SBX_AVX512
+    /* in-lane byte indices 4d + j/2 for the lane's dwords d = 0..3 */
+    const __m512i at = _mm512_add_epi8(_mm512_set4_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0), vi_set1_8((char)(j / 2)));
+    const __mmask64 set = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, at), vi_set1_32(bits));
+    return _mm512_mask_add_epi8(q, set, q, vi_set1_8(0x10));
+#else
+    const __m256i at = _mm256_add_epi8(_mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c, 0, 0x04040404,
+                                                         0x08080808, 0x0c0c0c0c),
+                                       vi_set1_8((char)(j / 2)));
+    const __m256i bit = vi_set1_32(bits);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, at), bit), bit);
+    return _mm256_or_si256(q, _mm256_and_si256(set, vi_set1_8(0x10)));
+#endif
+}
+
 /* T tokens against the QB_R rows from w (rows past `rows` repeat the last;
  * their results are not stored): y[t*ldy + r]. xc: the tokens' prepared
  * terms. pf: the next tile's rows (QB_R rows, contiguous), prefetched at the
@@ -974,12 +983,13 @@ SBX_ALWAYS vi qb_high_nibbles(vi v, vi m4, bool gfni) {
  *
  * packed (AVX-512): w is a group of qb_pack's layout, which holds each
  * block's transposed quants (qb_packed_q bytes: Q4_0's 4 vectors of nibble
- * pairs, Q8_0's 8 vectors of flipped bytes) and then, for all blocks, the 16
+ * pairs, Q5_0's and then its rows' qh dwords, Q8_0's 8 vectors of flipped
+ * bytes) and then, for all blocks, the 16
  * scales (32 bytes per block); the per-block transposition and gather
  * (about a fifth of the vector work at 8 tokens) are done once, at load.
  * gfni: see qb_high_nibbles. */
 #define QB_PACKED_D 32
-SBX_ALWAYS size_t qb_packed_q(qbf f) { return f == QB_Q4_0 ? 256 : 512; }
+SBX_ALWAYS size_t qb_packed_q(qbf f) { return f == QB_Q4_0 ? 256 : f == QB_Q5_0 ? 320 : 512; }
 
 #if SBX_AVX512
 /* Block b of the packed group at pf (its nb blocks of qb quant bytes, then
@@ -1014,7 +1024,7 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
                             const uint8_t *const *rp, vi rowoff, const uint8_t *pf, vi wq[8]) {
     const vi m4 = vi_set1_8(0x0f);
     const size_t o = (size_t)b * qb_wsize(f);
-    vi v[8];
+    vi v[8], qh = vi_set1_32(0);
     vf dw;
 #if SBX_AVX512
     if (packed) {
@@ -1026,6 +1036,8 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
         if (f == QB_Q8_0)
             SBX_UNROLL for (int j = 4; j < 8; j++)
                 v[j] = vi_loadu(w + (size_t)b * qb + 64 * j);
+        if (f == QB_Q5_0)
+            qh = vi_loadu(w + (size_t)b * qb + 256);
         dw = qb_packed_scales(w, b, nb, qb);
     } else
 #else
@@ -1035,16 +1047,21 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
     {
         if (pf)
             prefetch_ahead(pf + (size_t)b * QB_R * qb_wsize(f), QB_R * qb_wsize(f));
-        qb_transpose(rp, o + 2, v);
+        qb_transpose(rp, o + qb_qs(f), v);
         if (f == QB_Q8_0)
             qb_transpose(rp, o + 18, v + 4);
+        if (f == QB_Q5_0)
+            qh = qb_gather(w + o + offsetof(sb_block_q5_0, qh), rowoff);
         dw = qb_scales(w + o, rowoff);
     }
-    if (f == QB_Q4_0) {
+    if (qb_nibbles(f)) {
         SBX_UNROLL for (int k = 0; k < 4; k++) {
             wq[k] = vi_and(v[k], m4);
             wq[4 + k] = qb_high_nibbles(v[k], m4, gfni);
         }
+        if (f == QB_Q5_0)
+            SBX_UNROLL for (int j = 0; j < 8; j++)
+                wq[j] = qb_fifth_bits(wq[j], qh, j);
     } else {
         SBX_UNROLL for (int k = 0; k < 8; k++)
 #if SBX_AVX512
@@ -1186,7 +1203,8 @@ SBX_ALWAYS void qb_tiles(qbf f, bool packed, bool gfni, int64_t nb, const uint8_
              * the next pair's, or the next chunk's. Q8_0's pairs of 2 or 3
              * tokens ran 5-8% slower than single groups (hot, one thread),
              * Q4_0's faster from 2 tokens on. */
-            if (packed && nt > 1 && nt <= QB_PAIR_T && (f == QB_Q4_0 || nt == QB_PAIR_T) && nr - r >= 2 * QB_R) {
+            if (packed && nt > 1 && nt <= QB_PAIR_T && (f == QB_Q4_0 || (f == QB_Q8_0 && nt == QB_PAIR_T)) &&
+                nr - r >= 2 * QB_R) {
                 const uint8_t *pf = w + (size_t)(r + 2 * QB_R) * ws;
                 switch (nt) {
                 case 2: qb_tile_pair(f, gfni, 2, nb, w + (size_t)r * ws, ws, x, xs, xc, xcs, y + r, ldy, pf); break;
@@ -1232,7 +1250,9 @@ SBX_ALWAYS void qb_gemm(qbf f, int64_t n, const void *wv, size_t ws, int64_t nr,
     group = group < QB_T ? QB_T : group > nt ? nt : group;
     uint8_t *xc = scratch_area(1, xcs * (size_t)group);
     if (!xc) {
-        const sb_vec_dot_fn dot = f == QB_Q4_0 ? sb__vec_dot_q4_0_q8_0_ref : sb__vec_dot_q8_0_q8_0_ref;
+        const sb_vec_dot_fn dot = f == QB_Q4_0   ? sb__vec_dot_q4_0_q8_0_ref
+                                  : f == QB_Q5_0 ? sb__vec_dot_q5_0_q8_0_ref
+                                                 : sb__vec_dot_q8_0_q8_0_ref;
         for (int64_t t = 0; t < nt; t++)
             for (int64_t r = 0; r < nr; r++)
                 y[t * ldy + r] = dot(n, w + r * ws, x + t * xs);
@@ -1249,6 +1269,11 @@ SBX_ALWAYS void qb_gemm(qbf f, int64_t n, const void *wv, size_t ws, int64_t nr,
 static void gemm_q4_0(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
                       float *y, size_t ldy) {
     qb_gemm(QB_Q4_0, n, w, ws, nr, x, xs, nt, y, ldy);
+}
+
+static void gemm_q5_0(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
+                      float *y, size_t ldy) {
+    qb_gemm(QB_Q5_0, n, w, ws, nr, x, xs, nt, y, ldy);
 }
 
 static void gemm_q8_0(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
@@ -1276,18 +1301,30 @@ static void gemm_q4_0_packed_gfni(int64_t n, const void *w, size_t ws, int64_t n
     qb_packed(QB_Q4_0, true, n, w, ws, nr, x, xs, nt, y, ldy);
 }
 
+static void gemm_q5_0_packed(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
+                             float *y, size_t ldy) {
+    qb_packed(QB_Q5_0, false, n, w, ws, nr, x, xs, nt, y, ldy);
+}
+
+static void gemm_q5_0_packed_gfni(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs,
+                                  int64_t nt, float *y, size_t ldy) {
+    qb_packed(QB_Q5_0, true, n, w, ws, nr, x, xs, nt, y, ldy);
+}
+
 static void gemm_q8_0_packed(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
                              float *y, size_t ldy) {
     qb_packed(QB_Q8_0, false, n, w, ws, nr, x, xs, nt, y, ldy);
 }
 
 static void qb_terms_q4_0(const void *x, int64_t n, void *dst) { qb_prepare(QB_Q4_0, x, n / SB_QK, dst); }
+static void qb_terms_q5_0(const void *x, int64_t n, void *dst) { qb_prepare(QB_Q5_0, x, n / SB_QK, dst); }
 static void qb_terms_q8_0(const void *x, int64_t n, void *dst) { qb_prepare(QB_Q8_0, x, n / SB_QK, dst); }
 
 /* Groups of 16 rows: per block the vectors qb_transpose makes (dword j of
- * row r at byte 64j + 4r; Q8_0's with their sign bits flipped), then all
- * blocks' 16 F16 scales. The same bytes as the rows: 16 * 18 = 256 + 32,
- * 16 * 34 = 512 + 32. */
+ * row r at byte 64j + 4r; Q5_0's then followed by its rows' qh dwords,
+ * Q8_0's with their sign bits flipped), then all blocks' 16 F16 scales. The
+ * same bytes as the rows: 16 * 18 = 256 + 32, 16 * 22 = 320 + 32, 16 * 34 =
+ * 512 + 32. */
 SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t n_out) {
     const int64_t nb = n_in / SB_QK;
     const size_t row = (size_t)nb * qb_wsize(f), qb = qb_packed_q(f);
@@ -1304,7 +1341,9 @@ SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * qb_wsize(f);
             vi v[8];
-            qb_transpose(rp, o + 2, v);
+            qb_transpose(rp, o + qb_qs(f), v);
+            if (f == QB_Q5_0)
+                v[4] = qb_gather(in + o + offsetof(sb_block_q5_0, qh), rowoff);
             if (f == QB_Q8_0) {
                 qb_transpose(rp, o + 18, v + 4);
                 for (int j = 0; j < 8; j++)
@@ -1319,24 +1358,30 @@ SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t
 }
 
 static void pack_q4_0(const void *src, void *dst, int64_t n_in, int64_t n_out) { qb_pack(QB_Q4_0, src, dst, n_in, n_out); }
+static void pack_q5_0(const void *src, void *dst, int64_t n_in, int64_t n_out) { qb_pack(QB_Q5_0, src, dst, n_in, n_out); }
 static void pack_q8_0(const void *src, void *dst, int64_t n_in, int64_t n_out) { qb_pack(QB_Q8_0, src, dst, n_in, n_out); }
 
 /* Block b of row r of a group in qb_pack's layout, in the format's own:
- * its scale, then its quant dwords from the block's vectors (Q8_0's sign
- * bits flipped back). */
+ * its scale, Q5_0's qh, then its quant dwords from the block's vectors
+ * (Q8_0's sign bits flipped back). */
 SBX_ALWAYS void qb_row_block(qbf f, const void *group, int64_t n_in, int r, int64_t b, void *dst) {
     const int64_t nb = n_in / SB_QK;
-    const size_t qb = qb_packed_q(f);
-    const uint8_t *g = group;
+    const size_t qb = qb_packed_q(f), nq = f == QB_Q8_0 ? 8 : 4; /* quant vectors a block */
+    const uint8_t *g = group, *blk = g + (size_t)b * qb + 4 * (size_t)r;
     uint8_t *out = dst;
     memcpy(out, g + (size_t)nb * qb + (size_t)b * QB_PACKED_D + 2 * (size_t)r, 2);
-    for (size_t j = 0; j < qb / 64; j++)
+    if (f == QB_Q5_0)
+        memcpy(out + offsetof(sb_block_q5_0, qh), blk + 64 * nq, 4);
+    for (size_t j = 0; j < nq; j++)
         for (size_t c = 0; c < 4; c++)
-            out[2 + 4 * j + c] = g[(size_t)b * qb + 64 * j + 4 * (size_t)r + c] ^ (f == QB_Q8_0 ? 0x80 : 0);
+            out[qb_qs(f) + 4 * j + c] = blk[64 * j + c] ^ (f == QB_Q8_0 ? 0x80 : 0);
 }
 
 static void row_block_q4_0(const void *group, int64_t n_in, int r, int64_t b, void *dst) {
     qb_row_block(QB_Q4_0, group, n_in, r, b, dst);
+}
+static void row_block_q5_0(const void *group, int64_t n_in, int r, int64_t b, void *dst) {
+    qb_row_block(QB_Q5_0, group, n_in, r, b, dst);
 }
 static void row_block_q8_0(const void *group, int64_t n_in, int r, int64_t b, void *dst) {
     qb_row_block(QB_Q8_0, group, n_in, r, b, dst);
@@ -1406,7 +1451,6 @@ SBX_GEMM(gemm_f32, F_F32)
 SBX_GEMM(gemm_f16, F_F16)
 SBX_GEMM(gemm_bf16, F_BF16)
 SBX_GEMM(gemm_q4_1, F_Q4_1)
-SBX_GEMM(gemm_q5_0, F_Q5_0)
 SBX_GEMM(gemm_q5_1, F_Q5_1)
 
 /* ==== activation conversion ============================================= */
@@ -1725,6 +1769,12 @@ void SBX_FILL(sb_kernels *k) {
         .term_bytes = QB_XB,
         .terms = qb_terms_q4_0,
         .row_block = row_block_q4_0};
+    k->packing[SB_TYPE_Q5_0] = (sb_packing){.rows = QB_R,
+                                            .pack = pack_q5_0,
+                                            .gemm = k->gfni ? gemm_q5_0_packed_gfni : gemm_q5_0_packed,
+                                            .term_bytes = QB_XB,
+                                            .terms = qb_terms_q5_0,
+                                            .row_block = row_block_q5_0};
     k->packing[SB_TYPE_Q8_0] = (sb_packing){.rows = QB_R,
                                             .pack = pack_q8_0,
                                             .gemm = gemm_q8_0_packed,
