@@ -3,8 +3,8 @@
  * already converted to the weight type's vec_dot_type.
  *
  * Float formats follow the lane order of ggml's AVX-512 kernels (see
- * dot_float), block formats that of its x86 kernels (see dot_blocks, and
- * the whole-block order of Q4_0, Q5_0 and Q8_0 below). They
+ * dot_float), block formats the whole-block order of its repacked x86
+ * kernels (see dot_whole_blocks). They
  * are the scalar level of the kernel dispatch and the oracle that the SIMD
  * kernels are tested against (bit for bit), so they stay plain.
  */
@@ -66,86 +66,58 @@ float sb__vec_dot_f32_f32_ref(int64_t n, const void *w, const void *x) { return 
 float sb__vec_dot_f16_f16_ref(int64_t n, const void *w, const void *x) { return dot_float(FLT_F16, n, w, x); }
 float sb__vec_dot_bf16_bf16_ref(int64_t n, const void *w, const void *x) { return dot_float(FLT_BF16, n, w, x); }
 
-/* The other block formats accumulate the way ggml's x86 vec_dot kernels do
- * (AVX2 and up, what llama.cpp runs on these machines for them): each block's products are summed exactly
- * in eight integer lanes of four consecutive elements, each lane is added to
- * its own float accumulator with one fused multiply-add by d_w*d_x, and the
- * eight accumulators are reduced pairwise at the end ((l0+l4)+(l2+l6)) +
- * ((l1+l5)+(l3+l7)). Formats with a minimum add m_w*s_x to a separate float
- * sum. Matching this order, not only the math, matters: activations are
+/* The block formats accumulate the way llama.cpp's x86 backend runs Q4_0
+ * and Q8_0: it repacks such matrices on load (Q4_0 into 8-row groups for
+ * its AVX2 gemv, Q8_0 into its AMX layout where the CPU has AMX) and sums
+ * each block's products exactly into one integer, added with one
+ * multiply-add per block, acc = fma(sum, d_w*d_x, acc), one accumulator per
+ * (row, token) and no reduction at the end (Q4_0: bit for bit its AVX2
+ * gemv; Q8_0: the same kind of order as its AMX kernel, whose exact float
+ * order we do not reproduce). Formats with a minimum (Q4_1, Q5_1) add
+ * m_w*s_x to a second sum per block, added to the first at the end. That
+ * order lets SIMD kernels put one row in each lane (one conversion and one
+ * fma per block serve 16 rows), which makes batched products far cheaper
+ * than ggml's vec_dot order (eight integer lanes per block, each with its
+ * own float fma, reduced pairwise at the end), which llama.cpp runs for
+ * Q4_1, Q5_0 and Q5_1: its quantizer writes Q5_0 and Q5_1 for the Q4_K and
+ * Q5_K matrices whose rows are not a multiple of 256 (Qwen2.5 0.5B's 896),
+ * most of such a file, and the lane order ran them 2.9x slower at 8 tokens.
+ * Matching one order, not only the math, matters: activations are
  * re-quantized after every layer, and a last-bit difference that moves a
  * value across a rounding boundary changes a model's later tokens. */
-static float dot_blocks(const sb__qfmt *wf, const sb__qfmt *xf, int64_t n, const void *w, const void *x) {
+static float dot_whole_blocks(const sb__qfmt *wf, const sb__qfmt *xf, int64_t n, const void *w, const void *x) {
     const uint8_t *wb = w, *xb = x;
     int8_t wq[SB_QK], xq[SB_QK];
-    float dw, mw, dx, sx;
-    float lane[8] = {0}, mins = 0.0f;
+    float acc = 0.0f, mins = 0.0f, dw, mw, dx, sx;
     for (int64_t b = 0; b < n / SB_QK; b++, wb += wf->size, xb += xf->size) {
         sb__block_unpack(wf, wb, wq, &dw, &mw);
         sb__block_unpack(xf, xb, xq, &dx, &sx);
-        const float d = dw * dx;
-        for (int l = 0; l < 8; l++) {
-            int sumi = 0;
-            for (int e = 4 * l; e < 4 * l + 4; e++)
-                sumi += wq[e] * xq[e];
-            lane[l] = fmaf(d, (float)sumi, lane[l]);
-        }
+        int sumi = 0;
+        for (int e = 0; e < SB_QK; e++)
+            sumi += wq[e] * xq[e];
+        acc = fmaf((float)sumi, dw * dx, acc);
         if (wf->has_min)
             mins += mw * sx;
     }
-    const float r0 = lane[4] + lane[0], r1 = lane[5] + lane[1], r2 = lane[6] + lane[2], r3 = lane[7] + lane[3];
-    return ((r0 + r2) + (r1 + r3)) + mins;
-}
-
-/* Q4_0 and Q8_0 accumulate the way llama.cpp's x86 backend actually runs
- * them: it repacks such matrices on load (Q4_0 into 8-row groups for its
- * AVX2 gemv, Q8_0 into its AMX layout where the CPU has AMX) and sums each
- * block's products exactly into one integer, added with one multiply-add
- * per block, acc = fma(sum, d_w*d_x, acc), one accumulator per (row, token)
- * and no reduction at the end (Q4_0: bit for bit its AVX2 gemv; Q8_0: the
- * same kind of order as its AMX kernel, whose exact float order we do not
- * reproduce). That order also lets SIMD kernels put one row in each lane (one
- * conversion and one fma per block serve 16 rows), and lets an AMX tile sum
- * a block for 16 rows and 16 tokens at once, which makes batched products
- * far cheaper than the lane order above. Q5_0 takes it too, where llama.cpp
- * runs the lane order: llama.cpp's quantizer writes Q5_0 for the Q4_K
- * matrices whose rows are not a multiple of 256 (Qwen2.5 0.5B's 896), most
- * of such a Q4_K_M file, which the lane order ran 2.9x slower at 8 tokens. */
-float sb__block_fma(const sb__qfmt *wf, const uint8_t *w, const uint8_t *x, float acc) {
-    int8_t wq[SB_QK], xq[SB_QK];
-    float dw, dx, unused;
-    sb__block_unpack(wf, w, wq, &dw, &unused);
-    sb__block_unpack(&sb__qfmt_q8_0, x, xq, &dx, &unused);
-    int sumi = 0;
-    for (int e = 0; e < SB_QK; e++)
-        sumi += wq[e] * xq[e];
-    return fmaf((float)sumi, dw * dx, acc);
-}
-
-static float dot_whole_blocks(const sb__qfmt *wf, int64_t n, const void *w, const void *x) {
-    const uint8_t *wb = w, *xb = x;
-    float acc = 0.0f;
-    for (int64_t b = 0; b < n / SB_QK; b++, wb += wf->size, xb += sb__qfmt_q8_0.size)
-        acc = sb__block_fma(wf, wb, xb, acc);
-    return acc;
+    return wf->has_min ? acc + mins : acc;
 }
 
 float sb__vec_dot_q4_0_q8_0_ref(int64_t n, const void *w, const void *x) {
-    return dot_whole_blocks(&sb__qfmt_q4_0, n, w, x);
+    return dot_whole_blocks(&sb__qfmt_q4_0, &sb__qfmt_q8_0, n, w, x);
 }
 
 float sb__vec_dot_q4_1_q8_1_ref(int64_t n, const void *w, const void *x) {
-    return dot_blocks(&sb__qfmt_q4_1, &sb__qfmt_q8_1, n, w, x);
+    return dot_whole_blocks(&sb__qfmt_q4_1, &sb__qfmt_q8_1, n, w, x);
 }
 
 float sb__vec_dot_q5_0_q8_0_ref(int64_t n, const void *w, const void *x) {
-    return dot_whole_blocks(&sb__qfmt_q5_0, n, w, x);
+    return dot_whole_blocks(&sb__qfmt_q5_0, &sb__qfmt_q8_0, n, w, x);
 }
 
 float sb__vec_dot_q5_1_q8_1_ref(int64_t n, const void *w, const void *x) {
-    return dot_blocks(&sb__qfmt_q5_1, &sb__qfmt_q8_1, n, w, x);
+    return dot_whole_blocks(&sb__qfmt_q5_1, &sb__qfmt_q8_1, n, w, x);
 }
 
 float sb__vec_dot_q8_0_q8_0_ref(int64_t n, const void *w, const void *x) {
-    return dot_whole_blocks(&sb__qfmt_q8_0, n, w, x);
+    return dot_whole_blocks(&sb__qfmt_q8_0, &sb__qfmt_q8_0, n, w, x);
 }

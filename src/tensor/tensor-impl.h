@@ -95,9 +95,6 @@ float sb__vec_dot_q4_1_q8_1_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q5_0_q8_0_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q5_1_q8_1_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q8_0_q8_0_ref(int64_t n, const void *w, const void *x);
-/* One step of Q4_0's and Q8_0's (wf): acc + the block's integer sum times
- * d_w*d_x, fused; x is a Q8_0 block. */
-float sb__block_fma(const sb__qfmt *wf, const uint8_t *w, const uint8_t *x, float acc);
 
 /* Activation functions (act.c). */
 float sb__silu_ref(float x);

@@ -14,9 +14,10 @@
  *   - our vec_dot == its ggml_vec_dot_<w>_<x>, to the bit (Q4_0, Q4_K: ==
  *     the gemv of its repacked layout, what it runs those matrices with);
  *     Q2_K, Q3_K, Q5_K and Q6_K, whose order is ours (Q4_K's repacked one,
- *     which llama.cpp's AVX2 backend does not run for them), Q8_0 and Q5_0
- *     (one integer sum per block, as Q4_0's and llama.cpp's AMX kernel),
- *     within the rounding of two float orders of the same exact integer sums.
+ *     which llama.cpp's AVX2 backend does not run for them), Q8_0, Q4_1,
+ *     Q5_0 and Q5_1 (one integer sum per block, as Q4_0's and llama.cpp's
+ *     AMX kernel), within the rounding of two float orders of the same exact
+ *     integer sums.
  *
  * The library is found at $SB_GGML_BASE, else at
  * tests/npm/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so
@@ -86,8 +87,8 @@ static const struct {
     const char *vec_dot;
     bool close;
 } dots[] = {
-    {SB_TYPE_Q4_0, GEMV_Q4_0_8X8, false}, {SB_TYPE_Q4_1, "ggml_vec_dot_q4_1_q8_1", false},
-    {SB_TYPE_Q5_0, "ggml_vec_dot_q5_0_q8_0", true}, {SB_TYPE_Q5_1, "ggml_vec_dot_q5_1_q8_1", false},
+    {SB_TYPE_Q4_0, GEMV_Q4_0_8X8, false}, {SB_TYPE_Q4_1, "ggml_vec_dot_q4_1_q8_1", true},
+    {SB_TYPE_Q5_0, "ggml_vec_dot_q5_0_q8_0", true}, {SB_TYPE_Q5_1, "ggml_vec_dot_q5_1_q8_1", true},
     {SB_TYPE_Q8_0, "ggml_vec_dot_q8_0_q8_0", true},
     {SB_TYPE_Q2_K, "ggml_vec_dot_q2_K_q8_K", true}, {SB_TYPE_Q3_K, "ggml_vec_dot_q3_K_q8_K", true},
     {SB_TYPE_Q4_K, GEMV_Q4_K_8X8, false}, {SB_TYPE_Q5_K, "ggml_vec_dot_q5_K_q8_K", true},
@@ -456,7 +457,7 @@ static void gemv_q4_K_repacked(int64_t n, const uint8_t *rows, size_t stride, co
     free(packed);
 }
 
-/* The bound on |ours - ggml's| for a Q2_K, Q3_K, Q5_K, Q6_K, Q5_0 or Q8_0 dot of
+/* The bound on |ours - ggml's| for a K-quant (but Q4_K) or 32-element block format (but Q4_0) dot of
  * n elements: both sum the same exact integers per block (sc * q * x,
  * m * bsum) and differ only in where they round (ours: one conversion and
  * fma per block and sum; ggml: 8 lanes per block, then a halving sum), each
@@ -465,18 +466,25 @@ static void gemv_q4_K_repacked(int64_t n, const uint8_t *rows, size_t stride, co
  * |d_x| sum_j |x|, qmax the largest |q - bias|. 2^-24 * S per block and
  * step, 4 steps per block (conversion, product, fma, the final sums) and 8
  * for the reductions: far below what one wrong integer product moves the
- * result by. Q5_0 and Q8_0 likewise, with their blocks of 32 and sum |w x|
- * (the dequantized values' products, |d_w d_x| sum |q_w q_x|). */
+ * result by. The 32-element formats likewise, with their blocks of 32:
+ * sum |d_w q_w d_x q_x| (the dequantized values less the min m_w, times the
+ * activations'), plus |m_w s_x| with a min. */
 static double dot_bound(sb_type type, int64_t n, const uint8_t *w, const uint8_t *xq) {
-    if (type == SB_TYPE_Q5_0 || type == SB_TYPE_Q8_0) {
-        const size_t wsize = sb_type_traits_of(type)->type_size;
+    const sb_type_traits *t = sb_type_traits_of(type);
+    if (t->blck_size == SB_QK) {
+        const bool min = type == SB_TYPE_Q4_1 || type == SB_TYPE_Q5_1;
+        const sb_type_traits *xt = sb_type_traits_of(t->vec_dot_type);
         double S = 0;
         for (int64_t b = 0; b < n / SB_QK; b++) {
+            const uint8_t *wb = w + b * t->type_size, *xb = xq + b * xt->type_size;
+            const double m = min ? sb_fp16_to_fp32((uint16_t)(wb[2] | wb[3] << 8)) : 0;
             float wf[SB_QK], xf[SB_QK];
-            sb_type_traits_of(type)->to_float(w + b * wsize, wf, SB_QK);
-            sb_type_traits_of(SB_TYPE_Q8_0)->to_float(xq + b * sizeof(sb_block_q8_0), xf, SB_QK);
+            t->to_float(wb, wf, SB_QK);
+            xt->to_float(xb, xf, SB_QK);
             for (int e = 0; e < SB_QK; e++)
-                S += fabs((double)wf[e] * xf[e]);
+                S += fabs(((double)wf[e] - m) * xf[e]);
+            if (min)
+                S += fabs(m * sb_fp16_to_fp32((uint16_t)(xb[2] | xb[3] << 8)));
         }
         return 0x1p-24 * S * (double)(4 * (n / SB_QK) + 8);
     }

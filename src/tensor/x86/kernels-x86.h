@@ -10,11 +10,10 @@
  * yields the same per-lane int32 sums will do (maddubs+madd on AVX2, VNNI
  * vpdpbusd with a bias correction on AVX-512); float operations are the
  * reference's own, one for one, in the same order:
- *   - block formats: per (row, token) pair, 8 float lanes; per block one
- *     fma(d_w*d_x, lane_sum, acc) per lane, then ((l0+l4)+(l2+l6)) +
- *     ((l1+l5)+(l3+l7)), plus a scalar sum of m_w*s_x for formats with a min;
- *     except Q4_0, Q5_0 and Q8_0: one fma(block_sum, d_w*d_x, acc) per block
- *     (qb_gemm);
+ *   - the 32-element block formats: per (row, token) pair one
+ *     fma(block_sum, d_w*d_x, acc) per block, plus a sum of m_w*s_x for
+ *     formats with a min (qb_gemm: one row per vector lane); the K-quants
+ *     likewise per 256 (kquants-x86.h);
  *   - float formats: 64 lanes per pair (fmaf per element, by position
  *     mod 64), a fixed reduction, the tail in double.
  * Lanes are independent, so the kernels are free in how they walk them: a
@@ -26,11 +25,11 @@
  * instantiated with constants, so each instance keeps its accumulators in
  * registers.
  *
- * With several tokens the AVX-512 level takes other paths (qs_gemm for the
- * other block formats, fg_gemm for F16/BF16 from FG_MIN_NT tokens) that unpack or
- * convert operands into per-thread scratch first, and fs_gemm for float rows
- * of 64-256 elements (attention's q.k), which reduces 16 rows' lanes in one
- * shuffle tree; same lanes, same operations, same bytes.
+ * With several tokens the AVX-512 level takes other float paths (fg_gemm
+ * for F16/BF16 from FG_MIN_NT tokens) that convert operands into per-thread
+ * scratch first, and fs_gemm for float rows of 64-256 elements (attention's
+ * q.k), which reduces 16 rows' lanes in one shuffle tree; same lanes, same
+ * operations, same bytes.
  */
 #ifndef SBX_AVX512
 #error "include from kernels-avx2.c or kernels-avx512.c"
@@ -54,18 +53,14 @@
 #define SBX_UNROLL _Pragma("GCC unroll 64")
 #endif
 
-/* Tile shapes, by level: gemm tiles of RM rows x TM tokens, decode (one
- * token) tiles of RV rows, so that several weight streams are in flight.
- * The accumulators (block formats: one 8-lane vector per pair; float
- * formats: at most FACC vectors per tile) and the operands must fit the
- * register file: 16 ymm on AVX2, 32 on AVX-512. Chosen by measurement
- * among the shapes that fit. */
+/* Float tile shapes, by level: gemm tiles of FRM rows x FTM tokens, decode
+ * (one token) tiles of FRV rows, so that several weight streams are in
+ * flight. The accumulators (at most FACC vectors per tile) and the operands
+ * must fit the register file: 16 ymm on AVX2, 32 on AVX-512. Chosen by
+ * measurement among the shapes that fit. */
 #if SBX_AVX512
 #define SBX_FILL sb__kernels_fill_avx512
-#define QRM 4 /* block formats: rows x tokens */
-#define QTM 4
-#define QRV 4 /* block formats, one token: rows */
-#define FRM 4 /* float formats */
+#define FRM 4 /* float formats: rows x tokens */
 #define FTM 4
 #define FRV 4
 #define FACC 16 /* float accumulators a tile may hold */
@@ -74,9 +69,6 @@
 #define VW 16   /* floats per vector in the float kernels */
 #else
 #define SBX_FILL sb__kernels_fill_avx2
-#define QRM 2
-#define QTM 4
-#define QRV 4
 #define FRM 2
 #define FTM 4
 #define FRV 1
@@ -90,13 +82,10 @@
 #define FKB 512 /* elements per sweep of a multi-sweep float tile (a multiple of 64) */
 #endif
 
-/* The formats, as compile-time constants of the tile functions. Q4_0, Q5_0
- * and Q8_0 have their own kernels (qb_gemm), outside this scheme; F_Q8_0
- * names the KV cache's rows for axpy. */
-typedef enum { F_F32, F_F16, F_BF16, F_Q4_1, F_Q5_1, F_Q8_0 } fmt;
-
-SBX_ALWAYS bool is_float(fmt f) { return f <= F_BF16; }
-SBX_ALWAYS bool has_min(fmt f) { return f == F_Q4_1 || f == F_Q5_1; }
+/* The float formats, as compile-time constants of the tile functions (the
+ * block formats have their own kernels, qb_gemm); F_Q8_0 names the KV
+ * cache's rows for axpy. */
+typedef enum { F_F32, F_F16, F_BF16, F_Q8_0 } fmt;
 
 SBX_ALWAYS uint16_t load_u16(const uint8_t *p) {
     uint16_t h;
@@ -314,312 +303,7 @@ static uint8_t *scratch_area(int i, size_t bytes) {
 }
 
 
-SBX_ALWAYS size_t q_wsize(fmt f) { return f == F_Q4_1 ? 20 : 24; }
-SBX_ALWAYS size_t q_xsize(fmt f) { return has_min(f) ? sizeof(sb_block_q8_1) : sizeof(sb_block_q8_0); }
-
-/* Elements 0..15 from the low nibbles of qs, 16..31 from the high ones: the
- * 16 bytes in both halves (a load, no shuffle port), the upper half shifted
- * right by 4 (bits shifted in from the next byte are masked off). */
-SBX_ALWAYS __m256i nibbles(const uint8_t *qs) {
-    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
-    return _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
-}
-
-/* An F16 scale, broadcast: vpbroadcastw + vcvtph2ps (fewer shuffle-port
- * uops than converting a scalar and broadcasting the float). */
-SBX_ALWAYS __m256 h2f_bcast(const uint8_t *p) { return _mm256_cvtph_ps(_mm_set1_epi16((short)load_u16(p))); }
-
-/* 0x10 in byte e where bit e of the little-endian qh is set. */
-SBX_ALWAYS __m256i fifth_bits(const uint8_t *qh) {
-    uint32_t m;
-    memcpy(&m, qh, sizeof(m));
 #if SBX_AVX512
-    return _mm256_maskz_mov_epi8((__mmask32)m, _mm256_set1_epi8(0x10));
-#else
-    /* Byte e gets byte e/8 of qh, keeps bit e%8, and becomes 0xff if set. */
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)m), _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-    const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-#endif
-}
-
-typedef struct {
-    __m256i q; /* quants, unsigned */
-    __m256 d;  /* scale, broadcast */
-    __m128 m;  /* min (Q4_1, Q5_1), broadcast */
-} wblock;
-
-SBX_ALWAYS wblock w_decode(fmt f, const uint8_t *b) {
-    wblock o;
-    o.d = h2f_bcast(b);
-    o.m = has_min(f) ? _mm_cvtph_ps(_mm_set1_epi16((short)load_u16(b + 2))) : _mm_setzero_ps();
-    switch (f) {
-    case F_Q4_1: o.q = nibbles(b + 4); break;
-    default: o.q = _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); break;
-    }
-    return o;
-}
-
-typedef struct {
-    __m256i q; /* the 32 signed quants */
-    __m256 d;  /* scale, broadcast */
-} xblock;
-
-SBX_ALWAYS xblock x_prep(fmt f, const uint8_t *b) {
-    xblock o;
-    o.d = h2f_bcast(b);
-    o.q = _mm256_loadu_si256((const __m256i *)(b + (has_min(f) ? 4 : 2)));
-    return o;
-}
-
-/* The 8 int32 lane sums sum_{e in lane} w_e * x_e of one block (the weight
- * quants unsigned, 0..2^bits-1). */
-SBX_ALWAYS __m256i pair_dot(const wblock *w, const xblock *x) {
-#if SBX_AVX512
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w->q, x->q);
-#else
-    /* pairs: |.| <= 2*31*128, no saturation */
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w->q, x->q), _mm256_set1_epi16(1));
-#endif
-}
-
-/* ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). */
-SBX_ALWAYS float q_finish(__m256 acc) {
-    const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
-    return _mm_cvtss_f32(_mm_add_ss(v2, _mm_movehdup_ps(v2)));
-}
-
-SBX_ALWAYS void q_tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
-                       float *y, size_t ldy) {
-    enum { RMAX = QRM > QRV ? QRM : QRV };
-    const size_t wsz = q_wsize(f), xsz = q_xsize(f);
-    __m256 acc[RMAX][QTM];
-    /* The min terms m_w*s_x of row r, token t in lane t of mins[r]: the
-     * reference's scalar mul and add, T tokens per instruction. */
-    __m128 mins[RMAX];
-    _Static_assert(QTM <= 4, "mins holds 4 tokens");
-    SBX_UNROLL for (int r = 0; r < R; r++) {
-        mins[r] = _mm_setzero_ps();
-        SBX_UNROLL for (int t = 0; t < T; t++)
-            acc[r][t] = _mm256_setzero_ps();
-    }
-    for (int64_t b = 0; b < n / SB_QK; b++) {
-        wblock wb[RMAX];
-        if (T == 1)
-            prefetch_ahead(w + R * ws + (size_t)b * R * wsz, R * wsz);
-        SBX_UNROLL for (int r = 0; r < R; r++)
-            wb[r] = w_decode(f, w + r * ws + (size_t)b * wsz);
-        if (has_min(f)) {
-            const uint8_t *xb = x + (size_t)b * xsz + 2; /* Q8_1's s */
-            const __m128 s = _mm_cvtph_ps(_mm_setr_epi16((short)load_u16(xb), T > 1 ? (short)load_u16(xb + xs) : 0,
-                                                         T > 2 ? (short)load_u16(xb + 2 * xs) : 0,
-                                                         T > 3 ? (short)load_u16(xb + 3 * xs) : 0, 0, 0, 0, 0));
-            SBX_UNROLL for (int r = 0; r < R; r++)
-                mins[r] = _mm_add_ps(mins[r], _mm_mul_ps(wb[r].m, s));
-        }
-        SBX_UNROLL for (int t = 0; t < T; t++) {
-            const xblock xb = x_prep(f, x + t * xs + (size_t)b * xsz);
-            SBX_UNROLL for (int r = 0; r < R; r++) {
-                const __m256 d = _mm256_mul_ps(wb[r].d, xb.d);
-                acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(pair_dot(&wb[r], &xb)), acc[r][t]);
-            }
-        }
-    }
-    SBX_UNROLL for (int r = 0; r < R; r++) {
-        float m[4];
-        _mm_storeu_ps(m, mins[r]);
-        SBX_UNROLL for (int t = 0; t < T; t++)
-            y[(size_t)t * ldy + (size_t)r] = q_finish(acc[r][t]) + m[t];
-    }
-}
-
-/* ==== AVX-512 gemm of the block formats, several tokens ================ */
-
-#if SBX_AVX512
-/* Two or more tokens (a prompt, or several sequences decoding at once): the
- * float work the reference prescribes per (row, token) pair and block - one
- * scale product d_w*d_x, and per lane a conversion and an fma - bounds the
- * speed, so each zmm operation serves 16 (pair, lane) slots. A tile of 8
- * weight rows is unpacked once into L1-sized scratch, per block the four
- * lane-pair vectors (slot 2m + i of vector h holds row m's lane 2h + i, as
- * the decode path's unsigned quants) and the rows' d_w (and m_w) in slots 2m
- * and 2m + 1; then the tokens pass over it QS_T at a time, each block and
- * lane pair one vpdpbusd against the token's 8 lane bytes broadcast, and
- * two float operations.
- *
- * Every lane sum starts from QS_MAGIC, the float conversion's offset; the
- * activations' scales are converted once per call into scratch, and their
- * quants read from the Q8 rows as they are. */
-#define QS_MIN_NT 2
-#define QS_T 4                   /* tokens per pass: 16 accumulators */
-#define QS_XGROUP (768 * 1024)   /* bytes of activations per token group (L2-resident) */
-enum { QS_XB = 4 + 4 }; /* per token and block: d_x, s_x */
-
-SBX_ALWAYS size_t qs_wbytes(fmt f) { return (size_t)(has_min(f) ? 6 : 5) * 64; }
-
-/* Rows w .. w + rows - 1 (rows <= 8; missing rows repeat the last), all nb
- * blocks, into dst. */
-SBX_ALWAYS void qs_unpack(fmt f, const uint8_t *w, size_t ws, int rows, int64_t nb, uint8_t *dst) {
-    const size_t wsz = q_wsize(f), wb = qs_wbytes(f);
-    const uint8_t *rp[8];
-    int32_t off[8];
-    for (int k = 0; k < 8; k++) {
-        rp[k] = w + (size_t)(k < rows ? k : rows - 1) * ws;
-        off[k] = (int32_t)(rp[k] - w);
-    }
-    const __m256i rowoff = _mm256_loadu_si256((const __m256i *)off);
-    /* Qword h of rows 0-3 then qword h+1 of rows 0-3, from [q0|q1] and [q2|q3]. */
-    const __m512i sel01 = _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13), sel23 = _mm512_add_epi64(sel01, _mm512_set1_epi64(2));
-    /* 4-bit formats: bytes 0-7 (then 8-15) of the 8 rows' 16 quant bytes,
-     * from [r0|r1|r2|r3] and [r4|r5|r6|r7]; their low nibbles are lane
-     * pair 0 (1), their high nibbles lane pair 2 (3). */
-    const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), odd = _mm512_add_epi64(even, _mm512_set1_epi64(1));
-    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    const bool nib = f == F_Q4_1;
-    for (int64_t b = 0; b < nb; b++, dst += wb) {
-        /* d_w (and m_w) of the 8 rows: one gather of each row's first dword. */
-        const __m256i dm = _mm256_i32gather_epi32((const int *)(w + (size_t)b * wsz), rowoff, 1);
-        if (nib) {
-            __m512i q4[2];
-            for (int k = 0; k < 8; k += 4) {
-                const uint8_t *const *r = rp + k;
-                const size_t o = (size_t)b * wsz + 4;
-                __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(r[0] + o)));
-                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[1] + o)), 1);
-                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[2] + o)), 2);
-                q4[k / 4] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[3] + o)), 3);
-            }
-            const __m512i lo = _mm512_permutex2var_epi64(q4[0], even, q4[1]), hi = _mm512_permutex2var_epi64(q4[0], odd, q4[1]);
-            const __m512i m4 = _mm512_set1_epi8(0x0f);
-            _mm512_store_si512((__m512i *)dst, _mm512_and_si512(lo, m4));
-            _mm512_store_si512((__m512i *)(dst + 64), _mm512_and_si512(hi, m4));
-            _mm512_store_si512((__m512i *)(dst + 128), _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4));
-            _mm512_store_si512((__m512i *)(dst + 192), _mm512_and_si512(_mm512_srli_epi16(hi, 4), m4));
-        } else {
-            __m512i pr[4];
-            for (int k = 0; k < 8; k += 2)
-                pr[k / 2] = _mm512_inserti64x4(_mm512_castsi256_si512(w_decode(f, rp[k] + (size_t)b * wsz).q),
-                                               w_decode(f, rp[k + 1] + (size_t)b * wsz).q, 1);
-            for (int hp = 0; hp < 2; hp++) {
-                const __m512i sel = hp ? sel23 : sel01;
-                const __m512i a = _mm512_permutex2var_epi64(pr[0], sel, pr[1]), c = _mm512_permutex2var_epi64(pr[2], sel, pr[3]);
-                _mm512_store_si512((__m512i *)(dst + 64 * (2 * hp)), _mm512_shuffle_i64x2(a, c, 0x44));
-                _mm512_store_si512((__m512i *)(dst + 64 * (2 * hp + 1)), _mm512_shuffle_i64x2(a, c, 0xee));
-            }
-        }
-        const __m512 d8 = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm)));
-        _mm512_store_ps(dst + 256, _mm512_permutexvar_ps(dup, d8));
-        if (has_min(f)) {
-            const __m512 m8 = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dm, 16))));
-            _mm512_store_ps(dst + 320, _mm512_permutexvar_ps(dup, m8));
-        }
-    }
-}
-
-/* Token t's nb blocks: d_x and s_x as floats, into dst. */
-SBX_ALWAYS void qs_pack_x(fmt f, const uint8_t *x, int64_t nb, uint8_t *dst) {
-    const size_t xsz = q_xsize(f);
-    for (int64_t b = 0; b < nb; b++, x += xsz, dst += QS_XB) {
-        const float s[2] = {_cvtsh_ss(load_u16(x)), has_min(f) ? _cvtsh_ss(load_u16(x + 2)) : 0.0f};
-        memcpy(dst, s, sizeof(s));
-    }
-}
-
-SBX_ALWAYS __m512i bcast64(const uint8_t *p) {
-    int64_t v;
-    memcpy(&v, p, sizeof(v));
-    return _mm512_set1_epi64(v);
-}
-SBX_ALWAYS __m512 bcast32f(const uint8_t *p) {
-    float v;
-    memcpy(&v, p, sizeof(v));
-    return _mm512_set1_ps(v);
-}
-
-/* T tokens against one unpacked tile: y[t*ldy + m] for rows m < rows. If
- * pf is not NULL, the next tile's rows (8 rows of pf_block bytes per block,
- * from pf on) are prefetched at the pace of the blocks: from DRAM the loads
- * of 8 interleaved short rows otherwise wait on every line, and issued all
- * at once (during the unpacking) the prefetches wait for each other. */
-SBX_ALWAYS void qs_tile(fmt f, int T, int64_t nb, const uint8_t *wt, const uint8_t *x, size_t xs, const uint8_t *xc,
-                        size_t xcs, int rows, float *y, size_t ldy, const uint8_t *pf, size_t pf_block) {
-    const size_t wb = qs_wbytes(f), xsz = q_xsize(f), qo = has_min(f) ? 4 : 2;
-    const __m512i start = _mm512_set1_epi32(QS_MAGIC);
-    const __m512 magic = _mm512_castsi512_ps(start);
-    __m512 acc[QS_T][4], mins[QS_T];
-    SBX_UNROLL for (int t = 0; t < T; t++) {
-        mins[t] = _mm512_setzero_ps();
-        SBX_UNROLL for (int h = 0; h < 4; h++)
-            acc[t][h] = _mm512_setzero_ps();
-    }
-    for (int64_t b = 0; b < nb; b++, wt += wb) {
-        if (pf)
-            prefetch_ahead(pf + (size_t)b * pf_block, pf_block);
-        __m512i wq[4];
-        SBX_UNROLL for (int h = 0; h < 4; h++)
-            wq[h] = _mm512_load_si512((const __m512i *)(wt + 64 * h));
-        const __m512 dw = _mm512_load_ps(wt + 256);
-        SBX_UNROLL for (int t = 0; t < T; t++) {
-            const uint8_t *xb = xc + t * xcs + (size_t)b * QS_XB, *xq = x + t * xs + (size_t)b * xsz + qo;
-            const __m512 d = _mm512_mul_ps(dw, bcast32f(xb));
-            SBX_UNROLL for (int h = 0; h < 4; h++) {
-                const __m512i s = _mm512_dpbusd_epi32(start, wq[h], bcast64(xq + 8 * h));
-                acc[t][h] = _mm512_fmadd_ps(d, _mm512_sub_ps(_mm512_castsi512_ps(s), magic), acc[t][h]);
-            }
-            if (has_min(f))
-                mins[t] = _mm512_add_ps(mins[t], _mm512_mul_ps(_mm512_load_ps(wt + 320), bcast32f(xb + 4)));
-        }
-    }
-    /* Slot 2m + i of lane pair h is lane 2h + i: (h0 + h2) holds l0+l4 and
-     * l1+l5, (h1 + h3) l2+l6 and l3+l7; their sum, added across i. */
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
-    SBX_UNROLL for (int t = 0; t < T; t++) {
-        const __m512 s = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][2]), _mm512_add_ps(acc[t][1], acc[t][3]));
-        const __m512 r = _mm512_add_ps(_mm512_add_ps(s, _mm512_permute_ps(s, 0xb1)), mins[t]);
-        _mm256_mask_storeu_ps(y + (size_t)t * ldy, (__mmask8)((1u << rows) - 1),
-                              _mm512_castps512_ps256(_mm512_permutexvar_ps(even, r)));
-    }
-}
-
-/* Tokens in groups whose activations (Q8 rows and packed terms) stay in L2
- * while every row tile passes over them; each group unpacks the tiles
- * again, which costs little against a group's many tokens. Returns false
- * (nothing done) if scratch could not be had. */
-SBX_ALWAYS bool qs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t nr, const uint8_t *x, size_t xs,
-                        int64_t nt, float *y, size_t ldy) {
-    const int64_t nb = n / SB_QK;
-    const size_t xcs = (size_t)nb * QS_XB;
-    int64_t group = (int64_t)(QS_XGROUP / (xcs + xs)) / QS_T * QS_T;
-    group = group < QS_T ? QS_T : group > nt ? nt : group;
-    uint8_t *wsc = scratch_area(0, (size_t)nb * qs_wbytes(f)), *xc = scratch_area(1, xcs * (size_t)group);
-    if (!wsc || !xc)
-        return false;
-    for (int64_t t0 = 0; t0 < nt; t0 += group) {
-        const int64_t g = nt - t0 < group ? nt - t0 : group;
-        for (int64_t t = 0; t < g; t++)
-            qs_pack_x(f, x + (size_t)(t0 + t) * xs, nb, xc + (size_t)t * xcs);
-        for (int64_t r = 0; r < nr; r += 8) {
-            const int rows = nr - r < 8 ? (int)(nr - r) : 8;
-            qs_unpack(f, w + (size_t)r * ws, ws, rows, nb, wsc);
-            for (int64_t t = 0; t < g; t += QS_T) {
-                const uint8_t *xt = x + (size_t)(t0 + t) * xs, *xct = xc + (size_t)t * xcs;
-                float *yt = y + (size_t)(t0 + t) * ldy + (size_t)r;
-                const uint8_t *pf = t == 0 ? w + (size_t)(r + 8) * ws : NULL;
-                const size_t pfb = 8 * q_wsize(f);
-                switch (g - t < QS_T ? g - t : QS_T) {
-                case 1: qs_tile(f, 1, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy, pf, pfb); break;
-                case 2: qs_tile(f, 2, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy, pf, pfb); break;
-                case 3: qs_tile(f, 3, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy, pf, pfb); break;
-                default: qs_tile(f, 4, nb, wsc, xt, xs, xct, xcs, rows, yt, ldy, pf, pfb); break;
-                }
-            }
-        }
-    }
-    return true;
-}
-
 /* F16/BF16 weights with many tokens: the activations of a group of tokens
  * are converted to F32 once (exact) into scratch, so that a tile of FGR rows
  * x FGT tokens spends its vector work on the reference's fmas and on
@@ -762,21 +446,44 @@ SBX_ALWAYS bool fs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
  * The quants are taken unsigned and the bias folded into the integer sum's
  * starting value, -bias * (sum of the token's 32 quants), exact: Q4_0's
  * nibbles (0..15, bias 8); Q5_0's, each with its fifth bit from qh (bit e
- * of the rows' qh dword for element e; 0..31, bias 16); Q8_0's bytes with their sign bit flipped on
- * AVX-512 (q + 128, bias 128). AVX2's maddubs would saturate on those, so
- * there Q8_0 keeps its signed bytes and multiplies |w| by x with w's sign
- * (exact for activations in [-127, 127], which is what act_q8_0 makes).
- * The starting value also carries QS_MAGIC (see qs_gemm) so that one float
- * subtraction turns the sum into a float. Both are prepared once per call
- * and token, with d_x as a float, in QB_XB bytes per block. */
-typedef enum { QB_Q4_0, QB_Q5_0, QB_Q8_0 } qbf; /* the weight format */
+ * of the rows' qh dword for element e; 0..31, bias 16); Q8_0's bytes with
+ * their sign bit flipped on AVX-512 (q + 128, bias 128). AVX2's maddubs
+ * would saturate on those, so there Q8_0 keeps its signed bytes and
+ * multiplies |w| by x with w's sign (exact for activations in [-127, 127],
+ * which is what act_q8_0 makes). Q4_1 and Q5_1 (no bias: x = q d + m) add
+ * m_w * s_x to a second sum per block, as their reference does (Q8_1
+ * activations, s_x = d_x * their quants' sum). The starting value also
+ * carries QS_MAGIC so that one float subtraction turns the sum into a
+ * float. They are prepared once per call and token, with d_x (and s_x) as
+ * floats, in qb_xb bytes per block. */
+typedef enum { QB_Q4_0, QB_Q4_1, QB_Q5_0, QB_Q5_1, QB_Q8_0 } qbf; /* the weight format */
 
 SBX_ALWAYS size_t qb_wsize(qbf f) {
-    return f == QB_Q4_0 ? sizeof(sb_block_q4_0) : f == QB_Q5_0 ? sizeof(sb_block_q5_0) : sizeof(sb_block_q8_0);
+    return f == QB_Q4_0   ? sizeof(sb_block_q4_0)
+           : f == QB_Q4_1 ? sizeof(sb_block_q4_1)
+           : f == QB_Q5_0 ? sizeof(sb_block_q5_0)
+           : f == QB_Q5_1 ? sizeof(sb_block_q5_1)
+                          : sizeof(sb_block_q8_0);
 }
-SBX_ALWAYS int qb_bias(qbf f) { return f == QB_Q4_0 ? 8 : f == QB_Q5_0 ? 16 : SBX_AVX512 ? 128 : 0; }
-SBX_ALWAYS size_t qb_qs(qbf f) { return f == QB_Q5_0 ? offsetof(sb_block_q5_0, qs) : 2; } /* the quant bytes */
+SBX_ALWAYS bool qb_min(qbf f) { return f == QB_Q4_1 || f == QB_Q5_1; } /* x = q d + m */
+SBX_ALWAYS bool qb_five(qbf f) { return f == QB_Q5_0 || f == QB_Q5_1; } /* fifth bits in qh */
 SBX_ALWAYS bool qb_nibbles(qbf f) { return f != QB_Q8_0; }
+SBX_ALWAYS int qb_bias(qbf f) { return f == QB_Q4_0 ? 8 : f == QB_Q5_0 ? 16 : f == QB_Q8_0 && SBX_AVX512 ? 128 : 0; }
+/* Where a weight block keeps its quant bytes and its qh. */
+SBX_ALWAYS size_t qb_qs(qbf f) {
+    return f == QB_Q4_1 ? offsetof(sb_block_q4_1, qs)
+           : f == QB_Q5_0 ? offsetof(sb_block_q5_0, qs)
+           : f == QB_Q5_1 ? offsetof(sb_block_q5_1, qs)
+                          : 2;
+}
+SBX_ALWAYS size_t qb_qh(qbf f) { return f == QB_Q5_1 ? offsetof(sb_block_q5_1, qh) : offsetof(sb_block_q5_0, qh); }
+/* The activation blocks (Q8_1 for the formats with a min, else Q8_0): their
+ * size and where their quants start. */
+SBX_ALWAYS size_t qb_xsize(qbf f) { return qb_min(f) ? sizeof(sb_block_q8_1) : sizeof(sb_block_q8_0); }
+SBX_ALWAYS size_t qb_xq(qbf f) { return qb_min(f) ? offsetof(sb_block_q8_1, qs) : offsetof(sb_block_q8_0, qs); }
+/* Prepared bytes per token and block: int32 starting value, float d_x, and
+ * with a min float s_x. */
+SBX_ALWAYS size_t qb_xb(qbf f) { return qb_min(f) ? 12 : 8; }
 #if SBX_AVX512
 typedef __m512i vi;
 #define QB_R 16
@@ -822,7 +529,6 @@ SBX_ALWAYS vi vi_load_once(const void *p) {
     return v;
 }
 
-#define QB_XB 8                /* per token and block: int32 starting value, float d_x */
 #define QB_XGROUP (256 * 1024) /* bytes of prepared terms per token group */
 
 SBX_ALWAYS int32_t load_i32(const uint8_t *p) {
@@ -842,11 +548,15 @@ SBX_ALWAYS int32_t q8_block_sum(const uint8_t *q) {
 }
 
 SBX_ALWAYS void qb_prepare(qbf f, const uint8_t *x, int64_t nb, uint8_t *dst) {
-    for (int64_t b = 0; b < nb; b++, x += sizeof(sb_block_q8_0), dst += QB_XB) {
-        const int32_t start = QS_MAGIC - (qb_bias(f) ? qb_bias(f) * q8_block_sum(x + 2) : 0);
+    for (int64_t b = 0; b < nb; b++, x += qb_xsize(f), dst += qb_xb(f)) {
+        const int32_t start = QS_MAGIC - (qb_bias(f) ? qb_bias(f) * q8_block_sum(x + qb_xq(f)) : 0);
         const float dx = _cvtsh_ss(load_u16(x));
         memcpy(dst, &start, sizeof(start));
         memcpy(dst + 4, &dx, sizeof(dx));
+        if (qb_min(f)) {
+            const float sx = _cvtsh_ss(load_u16(x + offsetof(sb_block_q8_1, s)));
+            memcpy(dst + 8, &sx, sizeof(sx));
+        }
     }
 }
 
@@ -979,49 +689,63 @@ SBX_ALWAYS vi qb_fifth_bits(vi q, vi qh, int j) {
 /* T tokens against the QB_R rows from w (rows past `rows` repeat the last;
  * their results are not stored): y[t*ldy + r]. xc: the tokens' prepared
  * terms. pf: the next tile's rows (QB_R rows, contiguous), prefetched at the
- * pace of the blocks, as qs_tile does.
+ * pace of the blocks (issued all at once, the prefetches wait for each
+ * other; not at all, the loads of QB_R interleaved short rows from DRAM
+ * wait on every line).
  *
  * packed (AVX-512): w is a group of qb_pack's layout, which holds each
- * block's transposed quants (qb_packed_q bytes: Q4_0's 4 vectors of nibble
- * pairs, Q5_0's and then its rows' qh dwords, Q8_0's 8 vectors of flipped
- * bytes) and then, for all blocks, the 16
- * scales (32 bytes per block); the per-block transposition and gather
- * (about a fifth of the vector work at 8 tokens) are done once, at load.
- * gfni: see qb_high_nibbles. */
-#define QB_PACKED_D 32
-SBX_ALWAYS size_t qb_packed_q(qbf f) { return f == QB_Q4_0 ? 256 : f == QB_Q5_0 ? 320 : 512; }
+ * block's transposed quants (qb_packed_q bytes: the 4 vectors of nibble
+ * pairs of Q4_0 and Q4_1, Q5_0's and Q5_1's followed by their rows' qh
+ * dwords, Q8_0's 8 vectors of flipped bytes) and then, for all blocks, the
+ * 16 scales and with a min the 16 mins (qb_meta bytes per block); the
+ * per-block transposition and gather (about a fifth of the vector work at
+ * 8 tokens) are done once, at load. gfni: see qb_high_nibbles. */
+SBX_ALWAYS size_t qb_packed_q(qbf f) { return f == QB_Q8_0 ? 512 : qb_five(f) ? 320 : 256; }
+SBX_ALWAYS size_t qb_meta(qbf f) { return qb_min(f) ? 64 : 32; }
 
 #if SBX_AVX512
 /* Block b of the packed group at pf (its nb blocks of qb quant bytes, then
- * the scales) asked for: its quants, and every other block the scales'
- * line (two blocks' worth). */
-SBX_ALWAYS void qb_prefetch_packed(const uint8_t *pf, int64_t b, int64_t nb, size_t qb) {
+ * the meta) asked for: its quants, and the meta's line where the block's
+ * meta starts one (every other block without a min). */
+SBX_ALWAYS void qb_prefetch_packed(qbf f, const uint8_t *pf, int64_t b, int64_t nb, size_t qb) {
     prefetch_ahead(pf + (size_t)b * qb, qb);
-    if (b % 2 == 0)
-        prefetch_ahead(pf + (size_t)nb * qb + (size_t)b * QB_PACKED_D, 64);
+    if (qb_min(f) || b % 2 == 0)
+        prefetch_ahead(pf + (size_t)nb * qb + (size_t)b * qb_meta(f), 64);
 }
 
-/* The QB_R rows' d_w of block b of the packed group at w. */
-SBX_ALWAYS vf qb_packed_scales(const uint8_t *w, int64_t b, int64_t nb, size_t qb) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + (size_t)nb * qb + (size_t)b * QB_PACKED_D)));
+/* The QB_R rows' d_w (min: m_w, after them) of block b of the packed group at w. */
+SBX_ALWAYS vf qb_packed_scales(qbf f, const uint8_t *w, int64_t b, int64_t nb, size_t qb, bool min) {
+    const uint8_t *p = w + (size_t)nb * qb + (size_t)b * qb_meta(f) + (min ? 32 : 0);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 #endif
 
 /* A token's block sum starts from its prepared starting value (xct: the
  * token's terms). */
-SBX_ALWAYS vi qb_sum_start(const uint8_t *xct, int64_t b) { return vi_set1_32(load_i32(xct + (size_t)b * QB_XB)); }
-
-/* acc + the block's result for one token: its exact integer sum s (biased
- * by the magic number) times d_w * d_x, the reference's rounding. */
-SBX_ALWAYS vf qb_block_acc(vf acc, vi s, vf dw, const uint8_t *xct, int64_t b) {
-    float dx;
-    memcpy(&dx, xct + (size_t)b * QB_XB + 4, sizeof(dx));
-    return vf_fma(vf_sub(vi_as_vf(s), vi_as_vf(vi_set1_32(QS_MAGIC))), vf_mul(dw, vf_set1(dx)), acc);
+SBX_ALWAYS vi qb_sum_start(qbf f, const uint8_t *xct, int64_t b) {
+    return vi_set1_32(load_i32(xct + (size_t)b * qb_xb(f)));
 }
 
-/* Block b's 8 weight vectors and scales, as the products want them. */
+SBX_ALWAYS float qb_term(qbf f, const uint8_t *xct, int64_t b, int i) {
+    float v;
+    memcpy(&v, xct + (size_t)b * qb_xb(f) + 4 * (size_t)i, sizeof(v));
+    return v;
+}
+
+/* acc + the block's result for one token: its exact integer sum s (biased
+ * by the magic number) times d_w * d_x, the reference's rounding; with a
+ * min also accm + m_w * s_x. */
+SBX_ALWAYS vf qb_block_acc(qbf f, vf acc, vf *accm, vi s, vf dw, vf mw, const uint8_t *xct, int64_t b) {
+    if (qb_min(f))
+        *accm = vf_add(*accm, vf_mul(mw, vf_set1(qb_term(f, xct, b, 2))));
+    return vf_fma(vf_sub(vi_as_vf(s), vi_as_vf(vi_set1_32(QS_MAGIC))), vf_mul(dw, vf_set1(qb_term(f, xct, b, 1))),
+                  acc);
+}
+
+/* Block b's 8 weight vectors and scales (and mins, into *mw), as the
+ * products want them. */
 SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb, const uint8_t *w,
-                            const uint8_t *const *rp, vi rowoff, const uint8_t *pf, vi wq[8]) {
+                            const uint8_t *const *rp, vi rowoff, const uint8_t *pf, vi wq[8], vf *mw) {
     const vi m4 = vi_set1_8(0x0f);
     const size_t o = (size_t)b * qb_wsize(f);
     vi v[8], qh = vi_set1_32(0);
@@ -1030,15 +754,17 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
     if (packed) {
         const size_t qb = qb_packed_q(f);
         if (pf)
-            qb_prefetch_packed(pf, b, nb, qb);
+            qb_prefetch_packed(f, pf, b, nb, qb);
         SBX_UNROLL for (int j = 0; j < 4; j++)
             v[j] = vi_load_once(w + (size_t)b * qb + 64 * j);
         if (f == QB_Q8_0)
             SBX_UNROLL for (int j = 4; j < 8; j++)
                 v[j] = vi_loadu(w + (size_t)b * qb + 64 * j);
-        if (f == QB_Q5_0)
+        if (qb_five(f))
             qh = vi_loadu(w + (size_t)b * qb + 256);
-        dw = qb_packed_scales(w, b, nb, qb);
+        dw = qb_packed_scales(f, w, b, nb, qb, false);
+        if (qb_min(f))
+            *mw = qb_packed_scales(f, w, b, nb, qb, true);
     } else
 #else
     (void)packed;
@@ -1050,16 +776,18 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
         qb_transpose(rp, o + qb_qs(f), v);
         if (f == QB_Q8_0)
             qb_transpose(rp, o + 18, v + 4);
-        if (f == QB_Q5_0)
-            qh = qb_gather(w + o + offsetof(sb_block_q5_0, qh), rowoff);
+        if (qb_five(f))
+            qh = qb_gather(w + o + qb_qh(f), rowoff);
         dw = qb_scales(w + o, rowoff);
+        if (qb_min(f))
+            *mw = qb_scales(w + o + 2, rowoff);
     }
     if (qb_nibbles(f)) {
         SBX_UNROLL for (int k = 0; k < 4; k++) {
             wq[k] = vi_and(v[k], m4);
             wq[4 + k] = qb_high_nibbles(v[k], m4, gfni);
         }
-        if (f == QB_Q5_0)
+        if (qb_five(f))
             SBX_UNROLL for (int j = 0; j < 8; j++)
                 wq[j] = qb_fifth_bits(wq[j], qh, j);
     } else {
@@ -1083,25 +811,28 @@ SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const 
         off[r] = (int32_t)(rp[r] - w);
     }
     const vi rowoff = vi_loadu(off);
-    vf acc[QB_T];
+    vf acc[QB_T], accm[QB_T];
     SBX_UNROLL for (int t = 0; t < T; t++)
-        acc[t] = vf_zero();
+        acc[t] = accm[t] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
         vi wq[8];
-        const vf dw = qb_load_block(f, packed, gfni, b, nb, w, rp, rowoff, pf, wq);
+        vf mw = vf_zero();
+        const vf dw = qb_load_block(f, packed, gfni, b, nb, w, rp, rowoff, pf, wq, &mw);
         /* The tokens' sums are T chains of 8 dependent products each; issued
          * product k of every token, then k + 1, they overlap without relying
          * on the out-of-order window to reach the next token's chain. */
         vi s[QB_T];
         SBX_UNROLL for (int t = 0; t < T; t++)
-            s[t] = qb_sum_start(xc + t * xcs, b);
+            s[t] = qb_sum_start(f, xc + t * xcs, b);
         SBX_UNROLL for (int k = 0; k < 8; k++)
             SBX_UNROLL for (int t = 0; t < T; t++)
-                s[t] = qb_dot(f, s[t], wq[k], x + t * xs + (size_t)b * sizeof(sb_block_q8_0) + 2 + 4 * k);
+                s[t] = qb_dot(f, s[t], wq[k], x + t * xs + (size_t)b * qb_xsize(f) + qb_xq(f) + 4 * k);
         SBX_UNROLL for (int t = 0; t < T; t++)
-            acc[t] = qb_block_acc(acc[t], s[t], dw, xc + t * xcs, b);
+            acc[t] = qb_block_acc(f, acc[t], &accm[t], s[t], dw, mw, xc + t * xcs, b);
     }
     SBX_UNROLL for (int t = 0; t < T; t++) {
+        if (qb_min(f))
+            acc[t] = vf_add(acc[t], accm[t]);
 #if SBX_AVX512
         _mm512_mask_storeu_ps(y + (size_t)t * ldy, (__mmask16)((1u << rows) - 1), acc[t]);
 #else
@@ -1112,7 +843,7 @@ SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const 
 }
 
 #if SBX_AVX512
-/* Up to QB_PAIR_T tokens against two packed groups (2 * QB_R rows, the
+/* Q4_0's and Q8_0's up to QB_PAIR_T tokens against two packed groups (2 * QB_R rows, the
  * second group QB_R * ws after the first): each product's activation is
  * broadcast into a register once for both groups, where qb_tile's
  * products each load their own. A tile of few tokens is bound by its
@@ -1134,10 +865,10 @@ SBX_ALWAYS void qb_tile_pair(qbf f, bool gfni, int T, int64_t nb, const uint8_t 
             acc[g][t] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
         SBX_UNROLL for (int g = 0; g < 2; g++)
-            qb_prefetch_packed(pf + g * group, b, nb, qb);
+            qb_prefetch_packed(f, pf + g * group, b, nb, qb);
         vi s[2][QB_PAIR_T];
         SBX_UNROLL for (int t = 0; t < T; t++)
-            s[0][t] = s[1][t] = qb_sum_start(xc + t * xcs, b);
+            s[0][t] = s[1][t] = qb_sum_start(f, xc + t * xcs, b);
         SBX_UNROLL for (int k = 0; k < nv; k++) {
             vi lo[2], hi[2];
             SBX_UNROLL for (int g = 0; g < 2; g++) {
@@ -1160,9 +891,9 @@ SBX_ALWAYS void qb_tile_pair(qbf f, bool gfni, int T, int64_t nb, const uint8_t 
             }
         }
         SBX_UNROLL for (int g = 0; g < 2; g++) {
-            const vf dw = qb_packed_scales(w + g * group, b, nb, qb);
+            const vf dw = qb_packed_scales(f, w + g * group, b, nb, qb, false);
             SBX_UNROLL for (int t = 0; t < T; t++)
-                acc[g][t] = qb_block_acc(acc[g][t], s[g][t], dw, xc + t * xcs, b);
+                acc[g][t] = qb_block_acc(f, acc[g][t], NULL, s[g][t], dw, vf_zero(), xc + t * xcs, b);
         }
     }
     SBX_UNROLL for (int g = 0; g < 2; g++)
@@ -1245,13 +976,15 @@ SBX_ALWAYS void qb_gemm(qbf f, int64_t n, const void *wv, size_t ws, int64_t nr,
                         int64_t nt, float *y, size_t ldy) {
     const uint8_t *w = wv, *x = xv;
     const int64_t nb = n / SB_QK;
-    const size_t xcs = (size_t)nb * QB_XB;
+    const size_t xcs = (size_t)nb * qb_xb(f);
     int64_t group = (int64_t)(QB_XGROUP / xcs) / QB_T * QB_T;
     group = group < QB_T ? QB_T : group > nt ? nt : group;
     uint8_t *xc = scratch_area(1, xcs * (size_t)group);
     if (!xc) {
         const sb_vec_dot_fn dot = f == QB_Q4_0   ? sb__vec_dot_q4_0_q8_0_ref
+                                  : f == QB_Q4_1 ? sb__vec_dot_q4_1_q8_1_ref
                                   : f == QB_Q5_0 ? sb__vec_dot_q5_0_q8_0_ref
+                                  : f == QB_Q5_1 ? sb__vec_dot_q5_1_q8_1_ref
                                                  : sb__vec_dot_q8_0_q8_0_ref;
         for (int64_t t = 0; t < nt; t++)
             for (int64_t r = 0; r < nr; r++)
@@ -1266,20 +999,17 @@ SBX_ALWAYS void qb_gemm(qbf f, int64_t n, const void *wv, size_t ws, int64_t nr,
     }
 }
 
-static void gemm_q4_0(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
-                      float *y, size_t ldy) {
-    qb_gemm(QB_Q4_0, n, w, ws, nr, x, xs, nt, y, ldy);
-}
-
-static void gemm_q5_0(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
-                      float *y, size_t ldy) {
-    qb_gemm(QB_Q5_0, n, w, ws, nr, x, xs, nt, y, ldy);
-}
-
-static void gemm_q8_0(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
-                      float *y, size_t ldy) {
-    qb_gemm(QB_Q8_0, n, w, ws, nr, x, xs, nt, y, ldy);
-}
+#define QB_GEMM(name, f)                                                                                          \
+    static void gemm_##name(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt, \
+                            float *y, size_t ldy) {                                                                \
+        qb_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy);                                                               \
+    }
+QB_GEMM(q4_0, QB_Q4_0)
+QB_GEMM(q4_1, QB_Q4_1)
+QB_GEMM(q5_0, QB_Q5_0)
+QB_GEMM(q5_1, QB_Q5_1)
+QB_GEMM(q8_0, QB_Q8_0)
+#undef QB_GEMM
 
 #if SBX_AVX512
 /* Packed rows: every activation row carries its terms after its blocks
@@ -1288,42 +1018,14 @@ SBX_ALWAYS void qb_packed(qbf f, bool gfni, int64_t n, const void *w, size_t ws,
                           size_t xs, int64_t nt, float *y, size_t ldy) {
     const uint8_t *x = xv;
     const int64_t nb = n / SB_QK;
-    qb_tiles(f, true, gfni, nb, w, ws, nr, x, xs, x + (size_t)nb * sizeof(sb_block_q8_0), xs, nt, y, ldy);
+    qb_tiles(f, true, gfni, nb, w, ws, nr, x, xs, x + (size_t)nb * qb_xsize(f), xs, nt, y, ldy);
 }
-
-static void gemm_q4_0_packed(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
-                             float *y, size_t ldy) {
-    qb_packed(QB_Q4_0, false, n, w, ws, nr, x, xs, nt, y, ldy);
-}
-
-static void gemm_q4_0_packed_gfni(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs,
-                                  int64_t nt, float *y, size_t ldy) {
-    qb_packed(QB_Q4_0, true, n, w, ws, nr, x, xs, nt, y, ldy);
-}
-
-static void gemm_q5_0_packed(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
-                             float *y, size_t ldy) {
-    qb_packed(QB_Q5_0, false, n, w, ws, nr, x, xs, nt, y, ldy);
-}
-
-static void gemm_q5_0_packed_gfni(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs,
-                                  int64_t nt, float *y, size_t ldy) {
-    qb_packed(QB_Q5_0, true, n, w, ws, nr, x, xs, nt, y, ldy);
-}
-
-static void gemm_q8_0_packed(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs, int64_t nt,
-                             float *y, size_t ldy) {
-    qb_packed(QB_Q8_0, false, n, w, ws, nr, x, xs, nt, y, ldy);
-}
-
-static void qb_terms_q4_0(const void *x, int64_t n, void *dst) { qb_prepare(QB_Q4_0, x, n / SB_QK, dst); }
-static void qb_terms_q5_0(const void *x, int64_t n, void *dst) { qb_prepare(QB_Q5_0, x, n / SB_QK, dst); }
-static void qb_terms_q8_0(const void *x, int64_t n, void *dst) { qb_prepare(QB_Q8_0, x, n / SB_QK, dst); }
 
 /* Groups of 16 rows: per block the vectors qb_transpose makes (dword j of
- * row r at byte 64j + 4r; Q5_0's then followed by its rows' qh dwords,
- * Q8_0's with their sign bits flipped), then all blocks' 16 F16 scales. The
- * same bytes as the rows: 16 * 18 = 256 + 32, 16 * 22 = 320 + 32, 16 * 34 =
+ * row r at byte 64j + 4r; Q5_0's and Q5_1's then followed by their rows' qh
+ * dwords, Q8_0's with their sign bits flipped), then all blocks' 16 F16
+ * scales (and 16 mins). The same bytes as the rows: 16 * 18 = 256 + 32,
+ * 16 * 20 = 256 + 64, 16 * 22 = 320 + 32, 16 * 24 = 320 + 64, 16 * 34 =
  * 512 + 32. */
 SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t n_out) {
     const int64_t nb = n_in / SB_QK;
@@ -1335,15 +1037,15 @@ SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t
     const vi rowoff = vi_loadu(off);
     for (int64_t g = 0; g < n_out / QB_R; g++) {
         const uint8_t *in = (const uint8_t *)src + (size_t)g * QB_R * row;
-        uint8_t *out = (uint8_t *)dst + (size_t)g * QB_R * row, *scales = out + (size_t)nb * qb;
+        uint8_t *out = (uint8_t *)dst + (size_t)g * QB_R * row, *meta = out + (size_t)nb * qb;
         for (int r = 0; r < QB_R; r++)
             rp[r] = in + (size_t)r * row;
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * qb_wsize(f);
             vi v[8];
             qb_transpose(rp, o + qb_qs(f), v);
-            if (f == QB_Q5_0)
-                v[4] = qb_gather(in + o + offsetof(sb_block_q5_0, qh), rowoff);
+            if (qb_five(f))
+                v[4] = qb_gather(in + o + qb_qh(f), rowoff);
             if (f == QB_Q8_0) {
                 qb_transpose(rp, o + 18, v + 4);
                 for (int j = 0; j < 8; j++)
@@ -1351,41 +1053,68 @@ SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t
             }
             for (size_t j = 0; j < qb / 64; j++)
                 _mm512_storeu_si512(out + (size_t)b * qb + 64 * j, v[j]);
-            const __m512i d = _mm512_i32gather_epi32(rowoff, in + o, 1);
-            _mm256_storeu_si256((__m256i *)(scales + (size_t)b * QB_PACKED_D), _mm512_cvtepi32_epi16(d));
+            /* d (and m) in each row's first dword */
+            const __m512i dm = _mm512_i32gather_epi32(rowoff, in + o, 1);
+            uint8_t *mb = meta + (size_t)b * qb_meta(f);
+            _mm256_storeu_si256((__m256i *)mb, _mm512_cvtepi32_epi16(dm));
+            if (qb_min(f))
+                _mm256_storeu_si256((__m256i *)(mb + 32), _mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
         }
     }
 }
 
-static void pack_q4_0(const void *src, void *dst, int64_t n_in, int64_t n_out) { qb_pack(QB_Q4_0, src, dst, n_in, n_out); }
-static void pack_q5_0(const void *src, void *dst, int64_t n_in, int64_t n_out) { qb_pack(QB_Q5_0, src, dst, n_in, n_out); }
-static void pack_q8_0(const void *src, void *dst, int64_t n_in, int64_t n_out) { qb_pack(QB_Q8_0, src, dst, n_in, n_out); }
 
 /* Block b of row r of a group in qb_pack's layout, in the format's own:
- * its scale, Q5_0's qh, then its quant dwords from the block's vectors
- * (Q8_0's sign bits flipped back). */
+ * its scale (and min), the qh of Q5_0 and Q5_1, then its quant dwords from
+ * the block's vectors (Q8_0's sign bits flipped back). */
 SBX_ALWAYS void qb_row_block(qbf f, const void *group, int64_t n_in, int r, int64_t b, void *dst) {
     const int64_t nb = n_in / SB_QK;
     const size_t qb = qb_packed_q(f), nq = f == QB_Q8_0 ? 8 : 4; /* quant vectors a block */
     const uint8_t *g = group, *blk = g + (size_t)b * qb + 4 * (size_t)r;
+    const uint8_t *mb = g + (size_t)nb * qb + (size_t)b * qb_meta(f) + 2 * (size_t)r;
     uint8_t *out = dst;
-    memcpy(out, g + (size_t)nb * qb + (size_t)b * QB_PACKED_D + 2 * (size_t)r, 2);
-    if (f == QB_Q5_0)
-        memcpy(out + offsetof(sb_block_q5_0, qh), blk + 64 * nq, 4);
+    memcpy(out, mb, 2);
+    if (qb_min(f))
+        memcpy(out + 2, mb + 32, 2);
+    if (qb_five(f))
+        memcpy(out + qb_qh(f), blk + 64 * nq, 4);
     for (size_t j = 0; j < nq; j++)
         for (size_t c = 0; c < 4; c++)
             out[qb_qs(f) + 4 * j + c] = blk[64 * j + c] ^ (f == QB_Q8_0 ? 0x80 : 0);
 }
 
-static void row_block_q4_0(const void *group, int64_t n_in, int r, int64_t b, void *dst) {
-    qb_row_block(QB_Q4_0, group, n_in, r, b, dst);
-}
-static void row_block_q5_0(const void *group, int64_t n_in, int r, int64_t b, void *dst) {
-    qb_row_block(QB_Q5_0, group, n_in, r, b, dst);
-}
-static void row_block_q8_0(const void *group, int64_t n_in, int r, int64_t b, void *dst) {
-    qb_row_block(QB_Q8_0, group, n_in, r, b, dst);
-}
+/* The packing entries of the formats, and gemms that unpack high nibbles
+ * with GFNI (qb_high_nibbles), for CPUs that have it. */
+#define QB_ENTRIES(name, f)                                                                                       \
+    static void gemm_##name##_packed(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs,  \
+                                     int64_t nt, float *y, size_t ldy) {                                          \
+        qb_packed(f, false, n, w, ws, nr, x, xs, nt, y, ldy);                                                    \
+    }                                                                                                             \
+    static void gemm_##name##_packed_gfni(int64_t n, const void *w, size_t ws, int64_t nr, const void *x,       \
+                                          size_t xs, int64_t nt, float *y, size_t ldy) {                         \
+        qb_packed(f, true, n, w, ws, nr, x, xs, nt, y, ldy);                                                     \
+    }                                                                                                             \
+    static void qb_terms_##name(const void *x, int64_t n, void *dst) { qb_prepare(f, x, n / SB_QK, dst); }       \
+    static void pack_##name(const void *src, void *dst, int64_t n_in, int64_t n_out) {                          \
+        qb_pack(f, src, dst, n_in, n_out);                                                                        \
+    }                                                                                                             \
+    static void row_block_##name(const void *group, int64_t n_in, int r, int64_t b, void *dst) {                \
+        qb_row_block(f, group, n_in, r, b, dst);                                                                  \
+    }                                                                                                             \
+    static sb_packing packing_##name(bool gfni) {                                                                 \
+        return (sb_packing){.rows = QB_R,                                                                         \
+                            .pack = pack_##name,                                                                  \
+                            .gemm = gfni && f != QB_Q8_0 ? gemm_##name##_packed_gfni : gemm_##name##_packed,     \
+                            .term_bytes = qb_xb(f),                                                               \
+                            .terms = qb_terms_##name,                                                             \
+                            .row_block = row_block_##name};                                                       \
+    }
+QB_ENTRIES(q4_0, QB_Q4_0)
+QB_ENTRIES(q4_1, QB_Q4_1)
+QB_ENTRIES(q5_0, QB_Q5_0)
+QB_ENTRIES(q5_1, QB_Q5_1)
+QB_ENTRIES(q8_0, QB_Q8_0)
+#undef QB_ENTRIES
 #endif
 
 #include "tensor/x86/kquants-x86.h"
@@ -1394,23 +1123,19 @@ static void row_block_q8_0(const void *group, int64_t n_in, int r, int64_t b, vo
 
 SBX_ALWAYS void tile(fmt f, int R, int T, int64_t n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
                      float *y, size_t ldy) {
-    if (is_float(f))
-        f_tile(f, f, R, T, n, w, ws, x, xs, y, ldy);
-    else
-        q_tile(f, R, T, n, w, ws, x, xs, y, ldy);
+    f_tile(f, f, R, T, n, w, ws, x, xs, y, ldy);
 }
 
-/* Rows outer, tokens inner: a tile's weight rows stay in L1 while the
- * activations stream past them. Remainders use tiles of one row / token. */
+/* The float formats' gemm. Rows outer, tokens inner: a tile's weight rows
+ * stay in L1 while the activations stream past them. Remainders use tiles
+ * of one row / token. */
 SBX_ALWAYS void gemm(fmt f, int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv, size_t xs, int64_t nt,
                      float *y, size_t ldy) {
-    const int RM = is_float(f) ? FRM : QRM, TM = is_float(f) ? FTM : QTM, RV = is_float(f) ? FRV : QRV;
+    const int RM = FRM, TM = FTM, RV = FRV;
     const uint8_t *w = wv, *x = xv;
     int64_t r = 0;
 #if SBX_AVX512
-    if (!is_float(f) && nt >= QS_MIN_NT && qs_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
-        return;
-    if (is_float(f) && n % 64 == 0 && n <= FS_MAX_N && fs_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
+    if (n % 64 == 0 && n <= FS_MAX_N && fs_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
         return;
     if ((f == F_F16 || f == F_BF16) && nt >= FG_MIN_NT && fg_gemm(f, n, w, ws, nr, x, xs, nt, y, ldy))
         return;
@@ -1450,8 +1175,6 @@ SBX_ALWAYS void gemm(fmt f, int64_t n, const void *wv, size_t ws, int64_t nr, co
 SBX_GEMM(gemm_f32, F_F32)
 SBX_GEMM(gemm_f16, F_F16)
 SBX_GEMM(gemm_bf16, F_BF16)
-SBX_GEMM(gemm_q4_1, F_Q4_1)
-SBX_GEMM(gemm_q5_1, F_Q5_1)
 
 /* ==== activation conversion ============================================= */
 
@@ -1762,25 +1485,11 @@ void SBX_FILL(sb_kernels *k) {
     k->gemm[SB_TYPE_BF16] = gemm_bf16;
     k->gemm[SB_TYPE_Q4_0] = gemm_q4_0;
 #if SBX_AVX512
-    k->packing[SB_TYPE_Q4_0] = (sb_packing){
-        .rows = QB_R,
-        .pack = pack_q4_0,
-        .gemm = k->gfni ? gemm_q4_0_packed_gfni : gemm_q4_0_packed,
-        .term_bytes = QB_XB,
-        .terms = qb_terms_q4_0,
-        .row_block = row_block_q4_0};
-    k->packing[SB_TYPE_Q5_0] = (sb_packing){.rows = QB_R,
-                                            .pack = pack_q5_0,
-                                            .gemm = k->gfni ? gemm_q5_0_packed_gfni : gemm_q5_0_packed,
-                                            .term_bytes = QB_XB,
-                                            .terms = qb_terms_q5_0,
-                                            .row_block = row_block_q5_0};
-    k->packing[SB_TYPE_Q8_0] = (sb_packing){.rows = QB_R,
-                                            .pack = pack_q8_0,
-                                            .gemm = gemm_q8_0_packed,
-                                            .term_bytes = QB_XB,
-                                            .terms = qb_terms_q8_0,
-                                            .row_block = row_block_q8_0};
+    k->packing[SB_TYPE_Q4_0] = packing_q4_0(k->gfni);
+    k->packing[SB_TYPE_Q4_1] = packing_q4_1(k->gfni);
+    k->packing[SB_TYPE_Q5_0] = packing_q5_0(k->gfni);
+    k->packing[SB_TYPE_Q5_1] = packing_q5_1(k->gfni);
+    k->packing[SB_TYPE_Q8_0] = packing_q8_0(k->gfni);
 #endif
     k->gemm[SB_TYPE_Q4_1] = gemm_q4_1;
     k->gemm[SB_TYPE_Q5_0] = gemm_q5_0;
