@@ -290,37 +290,10 @@ static void test_packed_gemm_matches_scalar(void **state) {
 
 /* A layout packs each group of rows in place of its rows (sb_weight_pack's
  * contract, which lets a load pack a matrix a slice at a time): packing the
- * groups one by one gives the whole matrix's bytes. */
-static void test_packing_is_per_group(void **state) {
-    (void)state;
-    const sb_kernels *simd[SIMD_MAX];
-    int checked = 0;
-    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++)
-        for (uint32_t type = 0; type < SB_TYPE_COUNT; type++) {
-            const sb_packing *p = &simd[l]->packing[type];
-            if (p->rows == 0)
-                continue;
-            const int64_t n = blocks_of((sb_type)type, 288), nr = 3 * (int64_t)p->rows;
-            const size_t ws = row_size((sb_type)type, n), group = ws * (size_t)p->rows;
-            uint8_t *w = malloc(ws * (size_t)nr), *whole = malloc(ws * (size_t)nr), *sliced = malloc(ws * (size_t)nr);
-            fill_rows((sb_type)type, false, n, nr, w, ws);
-            p->pack(w, whole, n, nr);
-            for (int64_t g = 0; g < 3; g++)
-                p->pack(w + (size_t)g * group, sliced + (size_t)g * group, n, p->rows);
-            assert_memory_equal(whole, sliced, ws * (size_t)nr);
-            free(w);
-            free(whole);
-            free(sliced);
-            checked++;
-        }
-    if (checked == 0)
-        print_message("no packed layout on this CPU\n");
-}
-
-/* A layout's row_block gives back every block of every row as it was
- * before packing (a tied embedding table's lookups read the packed copy),
- * on two groups of odd and even block counts. */
-static void test_packed_rows_unpack(void **state) {
+ * groups one by one gives the whole matrix's bytes. And its row_block gives
+ * back every block of every row as it was before packing (a tied embedding
+ * table's lookups read the packed copy). Odd and even block counts. */
+static void test_packing_layout(void **state) {
     (void)state;
     const sb_kernels *simd[SIMD_MAX];
     int checked = 0;
@@ -331,19 +304,25 @@ static void test_packed_rows_unpack(void **state) {
                 continue;
             assert_non_null(p->row_block);
             const sb_type_traits *t = sb_type_traits_of(type);
-            for (int64_t blocks = 1; blocks <= 4; blocks += 3) {
-                const int64_t n = (int64_t)t->blck_size * blocks, nr = 2 * (int64_t)p->rows;
+            static const int64_t block_counts[] = {1, 4, 9};
+            for (size_t c = 0; c < sizeof(block_counts) / sizeof(block_counts[0]); c++) {
+                const int64_t blocks = block_counts[c], n = (int64_t)t->blck_size * blocks, nr = 3 * (int64_t)p->rows;
                 const size_t ws = row_size((sb_type)type, n), group = ws * (size_t)p->rows;
-                uint8_t *w = malloc(ws * (size_t)nr), *wp = malloc(ws * (size_t)nr), block[256];
+                uint8_t *w = malloc(ws * (size_t)nr), *whole = malloc(ws * (size_t)nr), *sliced = malloc(ws * (size_t)nr);
+                uint8_t block[256];
                 fill_rows((sb_type)type, false, n, nr, w, ws);
-                p->pack(w, wp, n, nr);
+                p->pack(w, whole, n, nr);
+                for (int64_t g = 0; g < 3; g++)
+                    p->pack(w + (size_t)g * group, sliced + (size_t)g * group, n, p->rows);
+                assert_memory_equal(whole, sliced, ws * (size_t)nr);
                 for (int64_t r = 0; r < nr; r++)
                     for (int64_t b = 0; b < blocks; b++) {
-                        p->row_block(wp + (size_t)(r / p->rows) * group, n, (int)(r % p->rows), b, block);
+                        p->row_block(whole + (size_t)(r / p->rows) * group, n, (int)(r % p->rows), b, block);
                         assert_memory_equal(block, w + (size_t)r * ws + (size_t)b * t->type_size, t->type_size);
                     }
                 free(w);
-                free(wp);
+                free(whole);
+                free(sliced);
                 checked++;
             }
         }
@@ -803,8 +782,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_matches_scalar),
         cmocka_unit_test(test_levels_compared),
         cmocka_unit_test(test_packed_gemm_matches_scalar),
-        cmocka_unit_test(test_packing_is_per_group),
-        cmocka_unit_test(test_packed_rows_unpack),
+        cmocka_unit_test(test_packing_layout),
         cmocka_unit_test(test_gemm_tile_shapes),
     };
     return sb_test_exit(cmocka_run_group_tests(tests, NULL, NULL));
