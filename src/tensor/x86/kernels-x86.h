@@ -259,7 +259,7 @@ SBX_ALWAYS void f_tile(fmt f, fmt fx, int R, int T, int64_t n, const uint8_t *w,
  * as a float, 1.5*2^23 plus the sum (|sum| < 2^22), and subtracting 1.5*2^23
  * gives exactly (float)sum, on either vector port (vcvtdq2ps would add a
  * uop on the one that the integer dot products need). */
-#define QS_MAGIC 0x4b400000
+#define QB_MAGIC 0x4b400000
 
 /* Per-thread scratch: a weight area and an activation area, grown on
  * demand, freed when the thread exits; through the allocator hook like
@@ -453,7 +453,7 @@ SBX_ALWAYS bool fs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
  * which is what act_q8_0 makes). Q4_1 and Q5_1 (no bias: x = q d + m) add
  * m_w * s_x to a second sum per block, as their reference does (Q8_1
  * activations, s_x = d_x * their quants' sum). The starting value also
- * carries QS_MAGIC so that one float subtraction turns the sum into a
+ * carries QB_MAGIC so that one float subtraction turns the sum into a
  * float. They are prepared once per call and token, with d_x (and s_x) as
  * floats, in qb_xb bytes per block. */
 typedef enum { QB_Q4_0, QB_Q4_1, QB_Q5_0, QB_Q5_1, QB_Q8_0 } qbf; /* the weight format */
@@ -549,7 +549,7 @@ SBX_ALWAYS int32_t q8_block_sum(const uint8_t *q) {
 
 SBX_ALWAYS void qb_prepare(qbf f, const uint8_t *x, int64_t nb, uint8_t *dst) {
     for (int64_t b = 0; b < nb; b++, x += qb_xsize(f), dst += qb_xb(f)) {
-        const int32_t start = QS_MAGIC - (qb_bias(f) ? qb_bias(f) * q8_block_sum(x + qb_xq(f)) : 0);
+        const int32_t start = QB_MAGIC - (qb_bias(f) ? qb_bias(f) * q8_block_sum(x + qb_xq(f)) : 0);
         const float dx = _cvtsh_ss(load_u16(x));
         memcpy(dst, &start, sizeof(start));
         memcpy(dst + 4, &dx, sizeof(dx));
@@ -738,7 +738,7 @@ SBX_ALWAYS float qb_term(qbf f, const uint8_t *xct, int64_t b, int i) {
 SBX_ALWAYS vf qb_block_acc(qbf f, vf acc, vf *accm, vi s, vf dw, vf mw, const uint8_t *xct, int64_t b) {
     if (qb_min(f))
         *accm = vf_add(*accm, vf_mul(mw, vf_set1(qb_term(f, xct, b, 2))));
-    return vf_fma(vf_sub(vi_as_vf(s), vi_as_vf(vi_set1_32(QS_MAGIC))), vf_mul(dw, vf_set1(qb_term(f, xct, b, 1))),
+    return vf_fma(vf_sub(vi_as_vf(s), vi_as_vf(vi_set1_32(QB_MAGIC))), vf_mul(dw, vf_set1(qb_term(f, xct, b, 1))),
                   acc);
 }
 
