@@ -779,6 +779,37 @@ static void test_get_row(void **state) {
     }
 }
 
+/* A packed matrix's rows (a tied embedding table) read back as the
+ * unpacked rows do, for every type the active level packs. */
+static void test_get_row_packed(void **state) {
+    (void)state;
+    int checked = 0;
+    for (uint32_t type = 0; type < SB_TYPE_COUNT; type++) {
+        const int64_t n_in = 512, n_rows = 2 * sb_weight_pack_rows((sb_type)type);
+        if (n_rows == 0 || !sb_weight_packable((sb_type)type, n_in, n_rows))
+            continue;
+        const sb_type_traits *t = traits((sb_type)type);
+        const size_t row = sb_type_row_size((sb_type)type, n_in);
+        float *src = malloc((size_t)(n_in * n_rows) * sizeof(float)), want[512], got[512];
+        char *w = malloc(row * (size_t)n_rows), *packed = malloc(row * (size_t)n_rows);
+        for (int64_t k = 0; k < n_in * n_rows; k++)
+            src[k] = rng_float();
+        t->from_float(src, w, n_in * n_rows);
+        sb_weight_pack((sb_type)type, w, packed, n_in, n_rows);
+        for (int64_t r = 0; r < n_rows; r++) {
+            sb_get_row((sb_type)type, w, n_in, r, false, want);
+            sb_get_row((sb_type)type, packed, n_in, r, true, got);
+            assert_memory_equal(got, want, sizeof(want));
+        }
+        free(src);
+        free(w);
+        free(packed);
+        checked++;
+    }
+    if (checked == 0)
+        print_message("the active level packs nothing\n");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_traits_geometry),
@@ -802,6 +833,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_odd_sizes),
         cmocka_unit_test(test_matmul_many_equals_one_by_one),
         cmocka_unit_test(test_get_row),
+        cmocka_unit_test(test_get_row_packed),
     };
     return sb_test_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -1084,7 +1084,8 @@ SBX_ALWAYS void qb_row_block(qbf f, const void *group, int64_t n_in, int r, int6
 }
 
 /* The packing entries of the formats, and gemms that unpack high nibbles
- * with GFNI (qb_high_nibbles), for CPUs that have it. */
+ * with GFNI (qb_high_nibbles), for CPUs that have it (Q8_0 has none: the
+ * same code either way). */
 #define QB_ENTRIES(name, f)                                                                                       \
     static void gemm_##name##_packed(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs,  \
                                      int64_t nt, float *y, size_t ldy) {                                          \
@@ -1104,7 +1105,7 @@ SBX_ALWAYS void qb_row_block(qbf f, const void *group, int64_t n_in, int r, int6
     static sb_packing packing_##name(bool gfni) {                                                                 \
         return (sb_packing){.rows = QB_R,                                                                         \
                             .pack = pack_##name,                                                                  \
-                            .gemm = gfni && f != QB_Q8_0 ? gemm_##name##_packed_gfni : gemm_##name##_packed,     \
+                            .gemm = gfni ? gemm_##name##_packed_gfni : gemm_##name##_packed,                     \
                             .term_bytes = qb_xb(f),                                                               \
                             .terms = qb_terms_##name,                                                             \
                             .row_block = row_block_##name};                                                       \
