@@ -121,3 +121,7 @@ float sb__vec_dot_q5_1_q8_1_ref(int64_t n, const void *w, const void *x) {
 float sb__vec_dot_q8_0_q8_0_ref(int64_t n, const void *w, const void *x) {
     return dot_whole_blocks(&sb__qfmt_q8_0, &sb__qfmt_q8_0, n, w, x);
 }
+
+float sb__vec_dot_iq4_nl_q8_0_ref(int64_t n, const void *w, const void *x) {
+    return dot_whole_blocks(&sb__qfmt_iq4_nl, &sb__qfmt_q8_0, n, w, x);
+}

@@ -32,7 +32,6 @@
 #include "tensor/tensor-impl.h"
 
 #define NSUB_MAX (SB_QK_K / 16) /* most sub-blocks a block has */
-#define GROUP_MAX_EPS 1e-15f    /* ggml: a sub-block with |x| below this is all zero */
 
 /* ---- format descriptions ------------------------------------------------ */
 

@@ -92,14 +92,14 @@ static sb_type tensor_type(sb_quant_plan *p, const char *name, const int64_t *ne
     return t;
 }
 
-sb_status sb_quant_choose(sb_quant_plan *p, const char *name, uint32_t n_dims, const int64_t *ne, sb_type src,
-                          bool *quantize, sb_type *type, sb_error *err) {
+void sb_quant_choose(sb_quant_plan *p, const char *name, uint32_t n_dims, const int64_t *ne, sb_type src,
+                     bool *quantize, sb_type *type) {
     *type = src;
     *quantize = ends_with(name, "weight") && n_dims >= 2 && !has(name, "_norm.weight") &&
                 !has(name, "ffn_gate_inp.weight") && strcmp(name, "position_embd.weight") != 0 &&
                 strcmp(name, "token_types.weight") != 0;
     if (!*quantize)
-        return SB_OK;
+        return;
     sb_type t = tensor_type(p, name, ne);
     /* Rows that the chosen type's blocks do not divide: llama.cpp's fallbacks. */
     if (ne[0] % sb_type_traits_of(t)->blck_size != 0) {
@@ -107,11 +107,10 @@ sb_status sb_quant_choose(sb_quant_plan *p, const char *name, uint32_t n_dims, c
         case SB_TYPE_Q4_K: t = SB_TYPE_Q5_0; break;
         case SB_TYPE_Q5_K: t = SB_TYPE_Q5_1; break;
         case SB_TYPE_Q6_K: t = SB_TYPE_Q8_0; break;
+        /* IQ4_NL before llama.cpp's quantizer changed it (files made
+         * then have it; switchboard runs them) */
         case SB_TYPE_Q2_K:
-        case SB_TYPE_Q3_K:
-            return sb_fail(err, SB_ERR_UNSUPPORTED,
-                           "%s: rows of %lld elements; llama.cpp would write it as iq4_nl, which switchboard cannot",
-                           name, (long long)ne[0]);
+        case SB_TYPE_Q3_K: t = SB_TYPE_Q4_0; break;
         default: t = SB_TYPE_F16; break;
         }
         if (ne[0] % sb_type_traits_of(t)->blck_size != 0)
@@ -119,7 +118,6 @@ sb_status sb_quant_choose(sb_quant_plan *p, const char *name, uint32_t n_dims, c
     }
     *type = t;
     *quantize = t != src;
-    return SB_OK;
 }
 
 typedef struct quant_job {

@@ -48,11 +48,9 @@ typedef struct sb_quant_plan {
 } sb_quant_plan;
 
 /* What llama.cpp writes for one tensor: *quantize false means it is copied
- * as it is; else *type is its new type. Returns SB_ERR_UNSUPPORTED (with a
- * message naming the tensor) where llama.cpp would pick a type switchboard
- * cannot write (IQ4_NL, its fallback for Q2_K/Q3_K rows not a multiple of 256). */
-sb_status sb_quant_choose(sb_quant_plan *p, const char *name, uint32_t n_dims, const int64_t *ne, sb_type src,
-                          bool *quantize, sb_type *type, sb_error *err);
+ * as it is; else *type is its new type. */
+void sb_quant_choose(sb_quant_plan *p, const char *name, uint32_t n_dims, const int64_t *ne, sb_type src,
+                     bool *quantize, sb_type *type);
 
 /* dst = the nrows rows of n_in elements at src (type src_type: float or, to
  * requantize, any type with to_float) converted to dst_type by its reference

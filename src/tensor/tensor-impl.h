@@ -29,6 +29,9 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
+/* ggml's quantizers: a group of weights with |x| below this is all zero. */
+#define GROUP_MAX_EPS 1e-15f
+
 /* Block scales are F16 bit patterns at unaligned offsets. */
 static inline float sb__get_f16(const uint8_t *p) {
     uint16_t h;
@@ -44,7 +47,9 @@ static inline void sb__put_f16(uint8_t *p, float v) {
 /* Where the fields of a 32-element block format sit. Every such block starts
  * with the F16 scale d; element e's quant has its low bits in qs (elements
  * e and e+16 share byte e of a 4/5-bit qs: low nibble, high nibble) and, for
- * 5-bit formats, its fifth bit at bit e of the little-endian 32-bit qh. */
+ * 5-bit formats, its fifth bit at bit e of the little-endian 32-bit qh.
+ * IQ4_NL's nibble is an index into 16 fixed values (`values`), spaced
+ * closer near zero, where weights cluster. */
 typedef struct sb__qfmt {
     uint8_t size;   /* bytes per block */
     uint8_t bits;   /* bits per quant: 4, 5 or 8 */
@@ -53,9 +58,13 @@ typedef struct sb__qfmt {
     int8_t bias;    /* subtracted from a stored quant to get its signed value */
     bool has_min;   /* x = q*d + m, m the F16 after d (else x = q*d) */
     bool has_sum;   /* Q8_1: the F16 after d is s = d*sum(q) */
+    const int8_t *values; /* IQ4_NL: a stored quant's signed value (bias 0); else NULL */
 } sb__qfmt;
 
-extern const sb__qfmt sb__qfmt_q4_0, sb__qfmt_q4_1, sb__qfmt_q5_0, sb__qfmt_q5_1, sb__qfmt_q8_0, sb__qfmt_q8_1;
+extern const sb__qfmt sb__qfmt_q4_0, sb__qfmt_q4_1, sb__qfmt_q5_0, sb__qfmt_q5_1, sb__qfmt_q8_0, sb__qfmt_q8_1,
+    sb__qfmt_iq4_nl;
+/* IQ4_NL's 16 values (ggml's kvalues_iq4nl), ascending. */
+extern const int8_t sb__iq4nl_values[16];
 
 /* Reads one block: q = the signed quants (stored value minus bias), d = the
  * scale, m = the F16 after d (min or sum, see has_min/has_sum; else 0). */
@@ -77,12 +86,14 @@ void sb__q5_0_to_float(const void *src, float *dst, int64_t n);
 void sb__q5_1_to_float(const void *src, float *dst, int64_t n);
 void sb__q8_0_to_float(const void *src, float *dst, int64_t n);
 void sb__q8_1_to_float(const void *src, float *dst, int64_t n);
+void sb__iq4_nl_to_float(const void *src, float *dst, int64_t n);
 void sb__q4_0_from_float_ref(const float *src, void *dst, int64_t n);
 void sb__q4_1_from_float_ref(const float *src, void *dst, int64_t n);
 void sb__q5_0_from_float_ref(const float *src, void *dst, int64_t n);
 void sb__q5_1_from_float_ref(const float *src, void *dst, int64_t n);
 void sb__q8_0_from_float_ref(const float *src, void *dst, int64_t n);
 void sb__q8_1_from_float_ref(const float *src, void *dst, int64_t n);
+void sb__iq4_nl_from_float_ref(const float *src, void *dst, int64_t n);
 void sb__q8_0_from_float_act(const float *src, void *dst, int64_t n);
 void sb__q8_1_from_float_act(const float *src, void *dst, int64_t n);
 
@@ -95,6 +106,7 @@ float sb__vec_dot_q4_1_q8_1_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q5_0_q8_0_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q5_1_q8_1_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q8_0_q8_0_ref(int64_t n, const void *w, const void *x);
+float sb__vec_dot_iq4_nl_q8_0_ref(int64_t n, const void *w, const void *x);
 
 /* Activation functions (act.c). */
 float sb__silu_ref(float x);

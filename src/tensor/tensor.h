@@ -67,6 +67,7 @@ typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[SB_QK / 2]; } sb_block_q5
 typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[SB_QK / 2]; } sb_block_q5_1; /* x = q * d + m */
 typedef struct { uint16_t d; int8_t qs[SB_QK]; } sb_block_q8_0;                   /* x = q * d */
 typedef struct { uint16_t d, s; int8_t qs[SB_QK]; } sb_block_q8_1;                /* s = d * sum(q) */
+typedef struct { uint16_t d; uint8_t qs[SB_QK / 2]; } sb_block_iq4_nl;           /* x = value[q] * d, 16 fixed values */
 
 _Static_assert(sizeof(sb_block_q4_0) == 18, "q4_0 block");
 _Static_assert(sizeof(sb_block_q4_1) == 20, "q4_1 block");
@@ -74,6 +75,7 @@ _Static_assert(sizeof(sb_block_q5_0) == 22, "q5_0 block");
 _Static_assert(sizeof(sb_block_q5_1) == 24, "q5_1 block");
 _Static_assert(sizeof(sb_block_q8_0) == 34, "q8_0 block");
 _Static_assert(sizeof(sb_block_q8_1) == 36, "q8_1 block");
+_Static_assert(sizeof(sb_block_iq4_nl) == 18, "iq4_nl block");
 
 /* Converts n elements (a multiple of the block size) to float. */
 typedef void (*sb_to_float_fn)(const void *src, float *dst, int64_t n);

@@ -6,9 +6,11 @@
 //      own llama_model_quantize (bench/llamacpp/quantize.c, compiled here) and
 //      by switchboard; every tensor's type and bytes, general.file_type and
 //      general.quantization_version must be equal (stories260K's q2_k and
-//      q3_k_m need iq4_nl, which switchboard refuses with a message);
-//   2. the Q4_K_M, Q5_K_M and Q6_K files made by llama.cpp (and two Q4_K_M ones of models whose
-//      output is their embedding table: a Q6_K table, and a Q8_0 one with Q5_0 layers) decode greedily to
+//      q3_k_m fall back to q4_0: its rows are not a multiple of 256);
+//   2. the Q4_K_M, Q5_K_M and Q6_K files made by llama.cpp (two Q4_K_M ones of models whose
+//      output is their embedding table: a Q6_K table, and a Q8_0 one with Q5_0 layers), and an
+//      IQ4_NL one (which its quantizer wrote for the Q2_K and Q3_K matrices whose rows are not a
+//      multiple of 256, before it took Q4_0 for them: files people have) decode greedily to
 //      the same first tokens in both engines (at least 8 of 32, or fewer and
 //      then two tokens within 3% of our distribution's spread: random
 //      quantized models meet near-ties), and their teacher-forced next-token
@@ -101,10 +103,6 @@ for (const [label, input] of inputs)
         const s = timed(bin, ['quantize', input, ours, type, '--threads', '2']);
         tTheirs += l.secs;
         tOurs += s.secs;
-        if (label === 'stories260K' && (type === 'q2_k' || type === 'q3_k_m')) {
-            check(s.status === 1 && /iq4_nl/.test(s.stderr), `${label} ${type}: refused (llama.cpp falls back to iq4_nl)`);
-            continue;
-        }
         if (l.status !== 0 || s.status !== 0) {
             check(false, `${label} ${type}: llama.cpp exit ${l.status}, switchboard exit ${s.status}\n${l.stderr}${s.stderr}`);
             continue;
@@ -117,26 +115,27 @@ console.log(`quantizing time, all files: switchboard ${tOurs.toFixed(2)} s, llam
 // Models whose output matrix is their embedding table (gemma2's files have no output.weight, as
 // Llama 3.2 1B's and Qwen2.5's small ones), which switchboard packs for the output product and
 // looks rows up in: rows of 256 make the table Q6_K; rows of 288 (not a multiple of 256, as
-// Qwen2.5 0.5B's 896) make it Q8_0 and most layer matrices Q5_0, llama.cpp's fallbacks.
-for (const dim of [256, 288]) {
+// Qwen2.5 0.5B's 896) make it Q8_0, and most layer matrices Q5_0 (Q4_K_M) or Q4_0 (Q3_K_M),
+// llama.cpp's fallbacks.
+for (const [dim, type, fallback] of [[256, 'q4_k_m', null], [288, 'q4_k_m', 'q5_0'], [288, 'q3_k_m', 'q4_0']]) {
     const label = `gen-tied${dim}`, tiedIn = join(dir, `${label}-f16.gguf`);
     execFileSync(bin, ['gen-model', '--out', tiedIn, '--type', 'f16', '--arch', 'gemma2', '--vocab-from',
                        join(shared, 'models/llama2-vocab-tiny-random.gguf'), '--dim', String(dim), '--hidden', '512',
                        '--layers', '4', '--heads', '4', '--kv-heads', '2', '--ctx', '256', '--seed', '17']);
-    const theirs = join(dir, `${label}-q4_k_m-llama.gguf`), ours = join(dir, `${label}-q4_k_m-sb.gguf`);
-    const l = timed(quantizer, [libllama, tiedIn, theirs, 'q4_k_m', '2']);
-    const s = timed(bin, ['quantize', tiedIn, ours, 'q4_k_m', '--threads', '2']);
+    const theirs = join(dir, `${label}-${type}-llama.gguf`), ours = join(dir, `${label}-${type}-sb.gguf`);
+    const l = timed(quantizer, [libllama, tiedIn, theirs, type, '2']);
+    const s = timed(bin, ['quantize', tiedIn, ours, type, '--threads', '2']);
     if (l.status !== 0 || s.status !== 0) {
-        check(false, `${label} q4_k_m: llama.cpp exit ${l.status}, switchboard exit ${s.status}\n${l.stderr}${s.stderr}`);
+        check(false, `${label} ${type}: llama.cpp exit ${l.status}, switchboard exit ${s.status}\n${l.stderr}${s.stderr}`);
         continue;
     }
-    compare(`${label} q4_k_m`, ours, theirs);
-    const t = readGguf(theirs).tensors, table = dim % 256 ? 'q8_0' : 'q6_K';
-    const q5 = Object.values(t).filter((x) => x.type === 'q5_0').length;
-    check(t['token_embd.weight']?.type === table && !t['output.weight'] && (dim % 256 === 0 || q5 > 0),
-          `${label} q4_k_m: token_embd.weight ${t['token_embd.weight']?.type} (${table} expected), ` +
-          `no output.weight, ${q5} q5_0 matrices`);
-    made[`${label}-q4_k_m`] = theirs;
+    compare(`${label} ${type}`, ours, theirs);
+    const t = readGguf(theirs).tensors, table = fallback ? 'q8_0' : 'q6_K';
+    const n = Object.values(t).filter((x) => x.type === fallback).length;
+    check(t['token_embd.weight']?.type === table && !t['output.weight'] && (!fallback || n > 0),
+          `${label} ${type}: token_embd.weight ${t['token_embd.weight']?.type} (${table} expected), ` +
+          `no output.weight` + (fallback ? `, ${n} ${fallback} matrices` : ''));
+    made[`${label}-${type}`] = theirs;
 }
 
 // Refusals: an already-quantized input, a missing or unknown type.
@@ -174,7 +173,18 @@ function tieGap(model, ids, a, b) {
 const llama = await getLlama({gpu: false, logLevel: LlamaLogLevel.error, build: 'never'});
 const prompts = ['Once upon a time', 'The capital of France is'];
 const N = 32, MIN_SAME = 8;
-const kfiles = [...['q4_k_m', 'q5_k_m', 'q6_k'].map((t) => `gen-f16-${t}`), 'gen-tied256-q4_k_m', 'gen-tied288-q4_k_m']
+// IQ4_NL (llama.cpp's quantizer only: switchboard's does not write the IQ file types).
+{
+    const iq4 = join(dir, 'gen-f16-iq4_nl-llama.gguf');
+    const l = timed(quantizer, [libllama, gen, iq4, 'iq4_nl', '2']);
+    const n = l.status === 0 ? Object.values(readGguf(iq4).tensors).filter((x) => x.type === 'iq4_nl').length : 0;
+    check(n > 0, `gen-f16 iq4_nl by llama.cpp: ${n} iq4_nl matrices` + (l.status ? `\n${l.stderr}` : ''));
+    if (n > 0)
+        made['gen-f16-iq4_nl'] = iq4;
+}
+
+const kfiles = [...['q4_k_m', 'q5_k_m', 'q6_k', 'iq4_nl'].map((t) => `gen-f16-${t}`), 'gen-tied256-q4_k_m',
+                'gen-tied288-q4_k_m', 'gen-tied288-q3_k_m']
                    .map((k) => made[k]).filter(Boolean);
 for (const path of kfiles) {
     const model = await llama.loadModel({modelPath: path});

@@ -429,7 +429,7 @@ SBX_ALWAYS bool fs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
 }
 #endif
 
-/* ==== Q4_0, Q5_0 and Q8_0: one weight row per lane ====================== */
+/* ==== the 32-element block formats: one weight row per lane ============= */
 
 /* Their reference (dot.c) sums each block's products into one integer and
  * adds it with one fma per (row, token) pair: acc = fma(sum, d_w*d_x, acc).
@@ -450,16 +450,18 @@ SBX_ALWAYS bool fs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
  * their sign bit flipped on AVX-512 (q + 128, bias 128). AVX2's maddubs
  * would saturate on those, so there Q8_0 keeps its signed bytes and
  * multiplies |w| by x with w's sign (exact for activations in [-127, 127],
- * which is what act_q8_0 makes). Q4_1 and Q5_1 (no bias: x = q d + m) add
+ * which is what act_q8_0 makes). IQ4_NL's nibbles index 16 values: one byte
+ * shuffle per vector looks them up, as Q8_0's flipped bytes on AVX-512
+ * (bias 128), as its signed ones on AVX2. Q4_1 and Q5_1 (no bias: x = q d + m) add
  * m_w * s_x to a second sum per block, as their reference does (Q8_1
  * activations, s_x = d_x * their quants' sum). The starting value also
  * carries QB_MAGIC so that one float subtraction turns the sum into a
  * float. They are prepared once per call and token, with d_x (and s_x) as
  * floats, in qb_xb bytes per block. */
-typedef enum { QB_Q4_0, QB_Q4_1, QB_Q5_0, QB_Q5_1, QB_Q8_0 } qbf; /* the weight format */
+typedef enum { QB_Q4_0, QB_Q4_1, QB_Q5_0, QB_Q5_1, QB_Q8_0, QB_IQ4_NL } qbf; /* the weight format */
 
 SBX_ALWAYS size_t qb_wsize(qbf f) {
-    return f == QB_Q4_0   ? sizeof(sb_block_q4_0)
+    return f == QB_Q4_0 || f == QB_IQ4_NL ? sizeof(sb_block_q4_0)
            : f == QB_Q4_1 ? sizeof(sb_block_q4_1)
            : f == QB_Q5_0 ? sizeof(sb_block_q5_0)
            : f == QB_Q5_1 ? sizeof(sb_block_q5_1)
@@ -468,7 +470,9 @@ SBX_ALWAYS size_t qb_wsize(qbf f) {
 SBX_ALWAYS bool qb_min(qbf f) { return f == QB_Q4_1 || f == QB_Q5_1; } /* x = q d + m */
 SBX_ALWAYS bool qb_five(qbf f) { return f == QB_Q5_0 || f == QB_Q5_1; } /* fifth bits in qh */
 SBX_ALWAYS bool qb_nibbles(qbf f) { return f != QB_Q8_0; }
-SBX_ALWAYS int qb_bias(qbf f) { return f == QB_Q4_0 ? 8 : f == QB_Q5_0 ? 16 : f == QB_Q8_0 && SBX_AVX512 ? 128 : 0; }
+/* Byte values that the products take signed (AVX2 has no unsigned product of them that cannot saturate). */
+SBX_ALWAYS bool qb_signed(qbf f) { return f == QB_Q8_0 || f == QB_IQ4_NL; }
+SBX_ALWAYS int qb_bias(qbf f) { return f == QB_Q4_0 ? 8 : f == QB_Q5_0 ? 16 : qb_signed(f) && SBX_AVX512 ? 128 : 0; }
 /* Where a weight block keeps its quant bytes and its qh. */
 SBX_ALWAYS size_t qb_qs(qbf f) {
     return f == QB_Q4_1 ? offsetof(sb_block_q4_1, qs)
@@ -624,11 +628,11 @@ SBX_ALWAYS vi qb_dot4(vi acc, vi w, const uint8_t *x) {
 #endif
 }
 
-/* qb_dot4 of a format's weight vector w: AVX2's Q8_0 bytes are signed (see
- * above), |w| times x with w's sign; pairs stay below 2 * 128 * 127. */
+/* qb_dot4 of a format's weight vector w: AVX2's Q8_0 and IQ4_NL bytes are
+ * signed (see above), |w| times x with w's sign; pairs stay below 2 * 128 * 127. */
 SBX_ALWAYS vi qb_dot(qbf f, vi acc, vi w, const uint8_t *x) {
 #if !SBX_AVX512
-    if (f == QB_Q8_0) {
+    if (qb_signed(f)) {
         const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x)), w);
         return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), xs),
                                                        _mm256_set1_epi16(1)));
@@ -683,6 +687,17 @@ SBX_ALWAYS vi qb_fifth_bits(vi q, vi qh, int j) {
     const __m256i bit = vi_set1_32(bits);
     const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, at), bit), bit);
     return _mm256_or_si256(q, _mm256_and_si256(set, vi_set1_8(0x10)));
+#endif
+}
+
+/* IQ4_NL's values of the nibbles q (0..15): signed, or with AVX-512 plus
+ * 128 (the sign bit flipped), as the products take Q8_0's bytes. */
+SBX_ALWAYS vi qb_iq4nl_lookup(vi q) {
+    const __m128i values = _mm_loadu_si128((const __m128i *)sb__iq4nl_values);
+#if SBX_AVX512
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_xor_si128(values, _mm_set1_epi8((char)0x80))), q);
+#else
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(values), q);
 #endif
 }
 
@@ -790,6 +805,9 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
         if (qb_five(f))
             SBX_UNROLL for (int j = 0; j < 8; j++)
                 wq[j] = qb_fifth_bits(wq[j], qh, j);
+        if (f == QB_IQ4_NL)
+            SBX_UNROLL for (int j = 0; j < 8; j++)
+                wq[j] = qb_iq4nl_lookup(wq[j]);
     } else {
         SBX_UNROLL for (int k = 0; k < 8; k++)
 #if SBX_AVX512
@@ -985,7 +1003,8 @@ SBX_ALWAYS void qb_gemm(qbf f, int64_t n, const void *wv, size_t ws, int64_t nr,
                                   : f == QB_Q4_1 ? sb__vec_dot_q4_1_q8_1_ref
                                   : f == QB_Q5_0 ? sb__vec_dot_q5_0_q8_0_ref
                                   : f == QB_Q5_1 ? sb__vec_dot_q5_1_q8_1_ref
-                                                 : sb__vec_dot_q8_0_q8_0_ref;
+                                  : f == QB_Q8_0 ? sb__vec_dot_q8_0_q8_0_ref
+                                                 : sb__vec_dot_iq4_nl_q8_0_ref;
         for (int64_t t = 0; t < nt; t++)
             for (int64_t r = 0; r < nr; r++)
                 y[t * ldy + r] = dot(n, w + r * ws, x + t * xs);
@@ -1009,6 +1028,7 @@ QB_GEMM(q4_1, QB_Q4_1)
 QB_GEMM(q5_0, QB_Q5_0)
 QB_GEMM(q5_1, QB_Q5_1)
 QB_GEMM(q8_0, QB_Q8_0)
+QB_GEMM(iq4_nl, QB_IQ4_NL)
 #undef QB_GEMM
 
 #if SBX_AVX512
@@ -1115,6 +1135,7 @@ QB_ENTRIES(q4_1, QB_Q4_1)
 QB_ENTRIES(q5_0, QB_Q5_0)
 QB_ENTRIES(q5_1, QB_Q5_1)
 QB_ENTRIES(q8_0, QB_Q8_0)
+QB_ENTRIES(iq4_nl, QB_IQ4_NL)
 #undef QB_ENTRIES
 #endif
 
@@ -1491,11 +1512,13 @@ void SBX_FILL(sb_kernels *k) {
     k->packing[SB_TYPE_Q5_0] = packing_q5_0(k->gfni);
     k->packing[SB_TYPE_Q5_1] = packing_q5_1(k->gfni);
     k->packing[SB_TYPE_Q8_0] = packing_q8_0(k->gfni);
+    k->packing[SB_TYPE_IQ4_NL] = packing_iq4_nl(k->gfni);
 #endif
     k->gemm[SB_TYPE_Q4_1] = gemm_q4_1;
     k->gemm[SB_TYPE_Q5_0] = gemm_q5_0;
     k->gemm[SB_TYPE_Q5_1] = gemm_q5_1;
     k->gemm[SB_TYPE_Q8_0] = gemm_q8_0;
+    k->gemm[SB_TYPE_IQ4_NL] = gemm_iq4_nl;
     k->act_from_float[SB_TYPE_F16] = act_f16;
     k->act_from_float[SB_TYPE_BF16] = act_bf16;
     k->act_from_float[SB_TYPE_Q8_0] = act_q8_0;
