@@ -861,7 +861,7 @@ SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const 
 }
 
 #if SBX_AVX512
-/* Q4_0's and Q8_0's up to QB_PAIR_T tokens against two packed groups (2 * QB_R rows, the
+/* Q4_0's, IQ4_NL's and Q8_0's up to QB_PAIR_T tokens against two packed groups (2 * QB_R rows, the
  * second group QB_R * ws after the first): each product's activation is
  * broadcast into a register once for both groups, where qb_tile's
  * products each load their own. A tile of few tokens is bound by its
@@ -871,11 +871,17 @@ SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const 
  * multiply pipes busy. The integer sums are exact, so their order is
  * free: the same bits as qb_tile. */
 #define QB_PAIR_T 4
+/* Whether a packed call of nt tokens (2..QB_PAIR_T) takes pairs: Q8_0's of
+ * 2 or 3 tokens ran 5-8% slower than single groups (hot, one thread), the
+ * nibble formats' faster from 2 tokens on. */
+SBX_ALWAYS bool qb_pair(qbf f, int64_t nt) {
+    return f == QB_Q4_0 || f == QB_IQ4_NL || (f == QB_Q8_0 && nt == QB_PAIR_T);
+}
 /* pf: the next pair's rows (or the next chunk's), prefetched as qb_tile's. */
 SBX_ALWAYS void qb_tile_pair(qbf f, bool gfni, int T, int64_t nb, const uint8_t *w, size_t ws, const uint8_t *x,
                              size_t xs, const uint8_t *xc, size_t xcs, float *y, size_t ldy, const uint8_t *pf) {
     const size_t qb = qb_packed_q(f), group = (size_t)QB_R * ws;
-    const int nv = f == QB_Q4_0 ? 4 : 8; /* packed quant vectors a block */
+    const int nv = qb_nibbles(f) ? 4 : 8; /* packed quant vectors a block */
     const vi m4 = vi_set1_8(0x0f);
     vf acc[2][QB_PAIR_T];
     SBX_UNROLL for (int g = 0; g < 2; g++)
@@ -891,8 +897,12 @@ SBX_ALWAYS void qb_tile_pair(qbf f, bool gfni, int T, int64_t nb, const uint8_t 
             vi lo[2], hi[2];
             SBX_UNROLL for (int g = 0; g < 2; g++) {
                 const vi v = vi_load_once(w + g * group + (size_t)b * qb + 64 * k);
-                lo[g] = f == QB_Q4_0 ? vi_and(v, m4) : v;
-                hi[g] = f == QB_Q4_0 ? qb_high_nibbles(v, m4, gfni) : v;
+                lo[g] = qb_nibbles(f) ? vi_and(v, m4) : v;
+                hi[g] = qb_nibbles(f) ? qb_high_nibbles(v, m4, gfni) : v;
+                if (f == QB_IQ4_NL) {
+                    lo[g] = qb_iq4nl_lookup(lo[g]);
+                    hi[g] = qb_iq4nl_lookup(hi[g]);
+                }
             }
             SBX_UNROLL for (int t = 0; t < T; t++) {
                 const uint8_t *xt = x + t * xs + (size_t)b * sizeof(sb_block_q8_0) + 2;
@@ -900,7 +910,7 @@ SBX_ALWAYS void qb_tile_pair(qbf f, bool gfni, int T, int64_t nb, const uint8_t 
                 __asm__("" : "+v"(xl)); /* one broadcast for both groups' products */
                 SBX_UNROLL for (int g = 0; g < 2; g++)
                     s[g][t] = _mm512_dpbusd_epi32(s[g][t], lo[g], xl);
-                if (f == QB_Q4_0) {
+                if (qb_nibbles(f)) {
                     vi xh = vi_set1_32(load_i32(xt + 16 + 4 * k));
                     __asm__("" : "+v"(xh));
                     SBX_UNROLL for (int g = 0; g < 2; g++)
@@ -949,11 +959,8 @@ SBX_ALWAYS void qb_tiles(qbf f, bool packed, bool gfni, int64_t nb, const uint8_
         for (int64_t r = 0; r < nr; r += QB_R) {
 #if SBX_AVX512
             /* A call of a few tokens is one token block: the next rows are
-             * the next pair's, or the next chunk's. Q8_0's pairs of 2 or 3
-             * tokens ran 5-8% slower than single groups (hot, one thread),
-             * Q4_0's faster from 2 tokens on. */
-            if (packed && nt > 1 && nt <= QB_PAIR_T && (f == QB_Q4_0 || (f == QB_Q8_0 && nt == QB_PAIR_T)) &&
-                nr - r >= 2 * QB_R) {
+             * the next pair's, or the next chunk's. */
+            if (packed && nt > 1 && nt <= QB_PAIR_T && qb_pair(f, nt) && nr - r >= 2 * QB_R) {
                 const uint8_t *pf = w + (size_t)(r + 2 * QB_R) * ws;
                 switch (nt) {
                 case 2: qb_tile_pair(f, gfni, 2, nb, w + (size_t)r * ws, ws, x, xs, xc, xcs, y + r, ldy, pf); break;
