@@ -156,7 +156,7 @@ void sb__q5_1_from_float_ref(const float *src, void *dst, int64_t n) { quantize_
 
 /* ---- IQ4_NL (ggml's quantize_iq4_nl without an importance matrix) ------- */
 
-/* The index of the value nearest v (the lower on a tie), by bisection. */
+/* The index of the value nearest v (the upper on a tie), by bisection. */
 static int iq4nl_nearest(float v) {
     const int8_t *val = sb__iq4nl_values;
     if (v <= val[0])

@@ -169,8 +169,8 @@ static const sb_type_traits traits[SB_TYPE_COUNT] = {
     [SB_TYPE_IQ2_XS] = GEOMETRY("iq2_xs", SB_QK_K, 74),  /* d + qs 32*2 + scales 8 */
     [SB_TYPE_IQ3_XXS] = GEOMETRY("iq3_xxs", SB_QK_K, 98), /* d + qs 96 */
     [SB_TYPE_IQ1_S] = GEOMETRY("iq1_s", SB_QK_K, 50),    /* d + qs 32 + qh 8*2 */
-    /* llama.cpp's quantizer writes it for the Q2_K and Q3_K matrices whose
-     * rows are not a multiple of 256. */
+    /* Older llama.cpp quantizers wrote it for the Q2_K and Q3_K matrices
+     * whose rows are not a multiple of 256. */
     [SB_TYPE_IQ4_NL] = COMPUTABLE("iq4_nl", SB_QK, sizeof(sb_block_iq4_nl), /* d + qs 16 */
         sb__iq4_nl_to_float, sb__iq4_nl_from_float_ref,
         SB_TYPE_Q8_0, sb__vec_dot_iq4_nl_q8_0_ref, NULL),

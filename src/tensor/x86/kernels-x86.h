@@ -461,11 +461,11 @@ SBX_ALWAYS bool fs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
 typedef enum { QB_Q4_0, QB_Q4_1, QB_Q5_0, QB_Q5_1, QB_Q8_0, QB_IQ4_NL } qbf; /* the weight format */
 
 SBX_ALWAYS size_t qb_wsize(qbf f) {
-    return f == QB_Q4_0 || f == QB_IQ4_NL ? sizeof(sb_block_q4_0)
-           : f == QB_Q4_1 ? sizeof(sb_block_q4_1)
+    return f == QB_Q4_1   ? sizeof(sb_block_q4_1)
            : f == QB_Q5_0 ? sizeof(sb_block_q5_0)
            : f == QB_Q5_1 ? sizeof(sb_block_q5_1)
-                          : sizeof(sb_block_q8_0);
+           : f == QB_Q8_0 ? sizeof(sb_block_q8_0)
+                          : sizeof(sb_block_q4_0); /* Q4_0, IQ4_NL */
 }
 SBX_ALWAYS bool qb_min(qbf f) { return f == QB_Q4_1 || f == QB_Q5_1; } /* x = q d + m */
 SBX_ALWAYS bool qb_five(qbf f) { return f == QB_Q5_0 || f == QB_Q5_1; } /* fifth bits in qh */
