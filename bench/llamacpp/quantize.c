@@ -40,7 +40,7 @@ static const struct {
 } ftypes[] = {
     {"f16", 1}, {"q4_0", 2}, {"q4_1", 3}, {"q8_0", 7}, {"q5_0", 8}, {"q5_1", 9}, {"q2_k", 10},
     {"q3_k_s", 11}, {"q3_k_m", 12}, {"q3_k_l", 13}, {"q4_k_s", 14}, {"q4_k_m", 15}, {"q5_k_s", 16}, {"q5_k_m", 17}, {"q6_k", 18},
-    {"iq4_nl", 25},
+    {"iq4_nl", 25}, {"iq4_xs", 30},
 };
 
 static void quiet_log(int level, const char *text, void *user) {

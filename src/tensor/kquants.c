@@ -239,17 +239,6 @@ void sb__q8_K_to_float(const void *src, float *dst, int64_t n) {
 
 /* ---- the scale searches of ggml's reference quantizers ------------------ */
 
-/* Round to nearest, ties to even, as ggml's nearest_int: adding 1.5*2^23
- * leaves the rounded integer in the low mantissa bits. Valid for
- * |v| <= 2^22 (ggml asserts it); outside that range (and for NaN) it
- * returns the same garbage ggml's does, which is the point. */
-static int nearest_int(float v) {
-    const float t = v + 12582912.0f;
-    int32_t i;
-    memcpy(&i, &t, sizeof(i));
-    return (i & 0x007fffff) - 0x00400000;
-}
-
 static int clamp_int(int v, int lo, int hi) {
     v = v < lo ? lo : v;
     return v > hi ? hi : v;
@@ -336,7 +325,7 @@ static inline __attribute__((always_inline)) void qkx2_lanes(const int n, const 
     }
     for (int i = 0; i < n; i++)
         for (int j = 0; j < SEARCH_LANES; j++) {
-            const int l = clamp_int(nearest_int(iscale[j] * (xt[i][j] - min[j])), 0, nmax);
+            const int l = clamp_int(sb__nearest_int(iscale[j] * (xt[i][j] - min[j])), 0, nmax);
             lb[i][j] = l;
             float diff = sc[j] * (float)l + min[j] - xt[i][j];
             diff = use_mad ? fabsf(diff) : diff * diff;
@@ -353,7 +342,7 @@ static inline __attribute__((always_inline)) void qkx2_lanes(const int n, const 
         }
         for (int i = 0; i < n; i++)
             for (int j = 0; j < SEARCH_LANES; j++) {
-                const int l = clamp_int(nearest_int(iscale[j] * (xt[i][j] - min[j])), 0, nmax);
+                const int l = clamp_int(sb__nearest_int(iscale[j] * (xt[i][j] - min[j])), 0, nmax);
                 la[i][j] = l;
                 sum_l[j] += w[i][j] * (float)l;
                 sum_l2[j] += w[i][j] * (float)l * (float)l;
@@ -453,7 +442,7 @@ static inline void qx_fit(int nmax, const float xt[restrict QX_N][QX_N], const f
     for (int i = 0; i < QX_N; i++)
         for (int j = 0; j < QX_N; j++) {
             const float x = xt[i][j];
-            const int q = clamp_int(nearest_int(iscale[j] * x), -nmax, nmax - 1);
+            const int q = clamp_int(sb__nearest_int(iscale[j] * x), -nmax, nmax - 1);
             l[i][j] = q;
             const float w = x * x;
             sumlx[j] += w * x * (float)q;
@@ -528,7 +517,7 @@ SB_VECTOR_CLONES static void search_q3(int nmax, const float *x, float scale[QX_
                 const int li = l[i][j];
                 float slx = sumlx[j] - w * xi * (float)li;
                 float sl2 = suml2[j] - w * (float)li * (float)li;
-                const int new_l = clamp_int(nearest_int(xi * sl2 / slx), -nmax, nmax - 1);
+                const int new_l = clamp_int(sb__nearest_int(xi * sl2 / slx), -nmax, nmax - 1);
                 const int tried = (slx > 0) & (new_l != li); /* &, not &&: no branches */
                 slx += w * xi * (float)new_l;
                 sl2 += w * (float)new_l * (float)new_l;
@@ -582,7 +571,7 @@ static bool encode_scales(const kfmt *f, uint8_t *blk, const float *scales, cons
         const float iscale = max_scale > 0 ? 15.0f / max_scale : 0.0f;
         const float imin = max_min > 0 ? 15.0f / max_min : 0.0f;
         for (int j = 0; j < nsub; j++)
-            s[j] = (uint8_t)((unsigned)nearest_int(iscale * scales[j]) | (unsigned)nearest_int(imin * mins[j]) << 4);
+            s[j] = (uint8_t)((unsigned)sb__nearest_int(iscale * scales[j]) | (unsigned)sb__nearest_int(imin * mins[j]) << 4);
         sb__put_f16(blk + f->off_d, max_scale > 0 ? max_scale / 15.0f : 0.0f);
         sb__put_f16(blk + f->off_dmin, max_min > 0 ? max_min / 15.0f : 0.0f);
         return true;
@@ -591,8 +580,8 @@ static bool encode_scales(const kfmt *f, uint8_t *blk, const float *scales, cons
         const float iscale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
         const float imin = max_min > 0 ? 63.0f / max_min : 0.0f;
         for (int j = 0; j < nsub; j++) {
-            const uint8_t ls = SB_MIN(63, (uint8_t)nearest_int(iscale * scales[j]));
-            const uint8_t lm = SB_MIN(63, (uint8_t)nearest_int(imin * mins[j]));
+            const uint8_t ls = SB_MIN(63, (uint8_t)sb__nearest_int(iscale * scales[j]));
+            const uint8_t lm = SB_MIN(63, (uint8_t)sb__nearest_int(imin * mins[j]));
             if (j < 4) {
                 s[j] = ls;
                 s[j + 4] = lm;
@@ -613,7 +602,7 @@ static bool encode_scales(const kfmt *f, uint8_t *blk, const float *scales, cons
         }
         const float iscale = -32.0f / max_scale;
         for (int j = 0; j < nsub; j++) {
-            const int8_t l8 = (int8_t)nearest_int(iscale * scales[j]);
+            const int8_t l8 = (int8_t)sb__nearest_int(iscale * scales[j]);
             const int l = clamp_int(l8, -32, 31) + 32;
             if (j < 8)
                 s[j] = (uint8_t)(l & 0xf);
@@ -630,7 +619,7 @@ static bool encode_scales(const kfmt *f, uint8_t *blk, const float *scales, cons
         const float iscale = -128.0f / max_scale;
         sb__put_f16(blk + f->off_d, 1 / iscale);
         for (int j = 0; j < nsub; j++)
-            s[j] = (uint8_t)(int8_t)SB_MIN(127, nearest_int(iscale * scales[j]));
+            s[j] = (uint8_t)(int8_t)SB_MIN(127, sb__nearest_int(iscale * scales[j]));
         return true;
     }
     }
@@ -669,7 +658,7 @@ static void finish_block(const kfmt *f, const float *x, const float *scales, con
             continue;
         for (int i = f->sub * j; i < f->sub * (j + 1); i++) {
             /* (x + ml)/dl; without mins ml is 0 and x + 0 rounds the same as x */
-            const int l = nearest_int((x[i] + ml[j]) / dl[j]);
+            const int l = sb__nearest_int((x[i] + ml[j]) / dl[j]);
             L[i] = (uint8_t)(clamp_int(l, -f->bias, f->qmax - f->bias) + f->bias);
         }
     }
@@ -722,7 +711,7 @@ void sb__q8_K_from_float_ref(const float *src, void *dst, int64_t n) {
             continue;
         const float iscale = -127.0f / max;
         for (int e = 0; e < SB_QK_K; e++)
-            blk->qs[e] = (int8_t)SB_MIN(127, nearest_int(iscale * src[e]));
+            blk->qs[e] = (int8_t)SB_MIN(127, sb__nearest_int(iscale * src[e]));
         for (int j = 0; j < SB_QK_K / 16; j++) {
             int sum = 0;
             for (int e = 16 * j; e < 16 * (j + 1); e++)

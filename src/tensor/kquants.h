@@ -63,6 +63,24 @@ _Static_assert(sizeof(sb_block_q5_K) == 176, "q5_K block");
 _Static_assert(sizeof(sb_block_q6_K) == 210, "q6_K block");
 _Static_assert(sizeof(sb_block_q8_K) == 292, "q8_K block");
 
+/* IQ4_XS (iquants.c): 8 sub-blocks of 32 whose quants index IQ4_NL's 16
+ * values; sub-block j's 6-bit scale ls is stored + 32 in the low nibble (j
+ * even) or high nibble (j odd) of scales_l[j / 2] and bits 2j..2j+1 of
+ * scales_h: x = d * (ls - 32) * value[q]. Its quants sit as IQ4_NL's, 16
+ * bytes a sub-block. Activations are Q8_K, as the K-quants'. */
+typedef struct {
+    uint16_t d;                   /* F16 */
+    uint16_t scales_h;
+    uint8_t scales_l[SB_QK_K / 64];
+    uint8_t qs[SB_QK_K / 2];
+} sb_block_iq4_xs;
+_Static_assert(sizeof(sb_block_iq4_xs) == 136, "iq4_xs block");
+
+/* IQ4_XS: sub-block j's scale, ls - 32 (-32..31). */
+static inline int sb__iq4_xs_scale(const sb_block_iq4_xs *b, int j) {
+    return ((b->scales_l[j / 2] >> 4 * (j % 2) & 0xf) | (b->scales_h >> 2 * j & 3) << 4) - 32;
+}
+
 /* Q4_K/Q5_K: 6-bit scale and min of 32-element sub-block j from a block's
  * 12 scale bytes. The first four are whole bytes 0..3 (scales) and 4..7
  * (mins); the last four are nibbles of bytes 8..11 with their top two bits
@@ -121,6 +139,14 @@ float sb__vec_dot_q4_K_q8_K_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q5_K_q8_K_ref(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q6_K_q8_K_ref(int64_t n, const void *w, const void *x);
 
+/* IQ4_XS (iquants.c): ggml's dequantize_row_iq4_xs and quantize_iq4_xs (no
+ * importance matrix); the dot product in the K-quants' order, one exact
+ * integer per block (sum over sub-blocks of (ls - 32) times their
+ * products), then acc = fma(sum, d_w * d_x, acc). */
+void sb__iq4_xs_to_float(const void *src, float *dst, int64_t n);
+void sb__iq4_xs_from_float_ref(const float *src, void *dst, int64_t n);
+float sb__vec_dot_iq4_xs_q8_K_ref(int64_t n, const void *w, const void *x);
+
 #if defined(__x86_64__)
 /* AVX2 + FMA versions (x86/kquants_avx2.c), bit-identical to the _ref
  * ones; callable only on a CPU with AVX2 and FMA. */
@@ -129,6 +155,7 @@ float sb__vec_dot_q3_K_q8_K_avx2(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q5_K_q8_K_avx2(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *x);
+float sb__vec_dot_iq4_xs_q8_K_avx2(int64_t n, const void *w, const void *x);
 /* Sets the K-quant gemm entries of an AVX2 (or AVX-512) level table. */
 void sb__kquants_fill_avx2(sb_kernels *k);
 #endif

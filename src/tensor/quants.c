@@ -10,8 +10,8 @@
  * activations for a matmul, so that our logits track llama.cpp's.
  *
  * The formats are described by data (sb__qfmt) and handled by one piece of
- * code each for unpacking and dequantizing. IQ4_NL, whose nibbles index 16
- * fixed values, has its own quantizer: it searches the scale.
+ * code each for unpacking and dequantizing (IQ4_NL's too; its quantizer,
+ * a search, is iquants.c's).
  */
 #include <float.h>
 #include <math.h>
@@ -29,7 +29,6 @@ const sb__qfmt sb__qfmt_q5_1 = {sizeof(sb_block_q5_1), 5, offsetof(sb_block_q5_1
                                 0, true, false, NULL};
 const sb__qfmt sb__qfmt_q8_0 = {sizeof(sb_block_q8_0), 8, 0, offsetof(sb_block_q8_0, qs), 0, false, false, NULL};
 const sb__qfmt sb__qfmt_q8_1 = {sizeof(sb_block_q8_1), 8, 0, offsetof(sb_block_q8_1, qs), 0, false, true, NULL};
-const int8_t sb__iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 const sb__qfmt sb__qfmt_iq4_nl = {sizeof(sb_block_iq4_nl), 4, 0, offsetof(sb_block_iq4_nl, qs), 0, false, false,
                                   sb__iq4nl_values};
 
@@ -153,82 +152,6 @@ void sb__q4_0_from_float_ref(const float *src, void *dst, int64_t n) { quantize_
 void sb__q4_1_from_float_ref(const float *src, void *dst, int64_t n) { quantize_small(&sb__qfmt_q4_1, src, dst, n); }
 void sb__q5_0_from_float_ref(const float *src, void *dst, int64_t n) { quantize_small(&sb__qfmt_q5_0, src, dst, n); }
 void sb__q5_1_from_float_ref(const float *src, void *dst, int64_t n) { quantize_small(&sb__qfmt_q5_1, src, dst, n); }
-
-/* ---- IQ4_NL (ggml's quantize_iq4_nl without an importance matrix) ------- */
-
-/* The index of the value nearest v (the upper on a tie), by bisection. */
-static int iq4nl_nearest(float v) {
-    const int8_t *val = sb__iq4nl_values;
-    if (v <= val[0])
-        return 0;
-    if (v >= val[15])
-        return 15;
-    int lo = 0, hi = 15;
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (v < val[mid])
-            hi = mid;
-        else
-            lo = mid;
-    }
-    return v - val[hi - 1] < val[hi] - v ? hi - 1 : hi;
-}
-
-/* Quantizes x / (1 / id) to the nearest values (into l, if given) and
- * returns the weighted sums that rate the scale: sum(w q x), sum(w q^2),
- * with w = x^2, in ggml's order of operations. */
-static void iq4nl_fit(const float *x, float id, uint8_t *l, float *sumqx, float *sumq2) {
-    float qx = 0.0f, q2 = 0.0f;
-    for (int e = 0; e < SB_QK; e++) {
-        const int i = iq4nl_nearest(id * x[e]);
-        const float q = sb__iq4nl_values[i], w = x[e] * x[e];
-        if (l)
-            l[e] = (uint8_t)i;
-        qx += w * q * x[e];
-        q2 += w * q * q;
-    }
-    *sumqx = qx;
-    *sumq2 = q2;
-}
-
-/* A block's scale: the one that maps the largest magnitude to the first
- * value (-127), refined by least squares, then 15 more starting points
- * around it, the best by sum(w q x)^2 / sum(w q^2). The quants are then
- * the nearest values at that scale, unrounded (not at its F16). */
-static void quantize_iq4_nl_block(const float *x, sb_block_iq4_nl *blk) {
-    const float v0 = sb__iq4nl_values[0];
-    float amax = 0.0f, max = 0.0f, d = 0.0f;
-    for (int e = 0; e < SB_QK; e++)
-        if (fabsf(x[e]) > amax) {
-            amax = fabsf(x[e]);
-            max = x[e];
-        }
-    if (amax >= GROUP_MAX_EPS) {
-        float sumqx, sumq2;
-        iq4nl_fit(x, 1.0f / (-max / v0), NULL, &sumqx, &sumq2);
-        d = sumqx / sumq2;
-        float best = d * sumqx;
-        for (int itry = -7; itry <= 7; itry++) {
-            iq4nl_fit(x, (float)(itry + sb__iq4nl_values[0]) / max, NULL, &sumqx, &sumq2);
-            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
-                d = sumqx / sumq2;
-                best = d * sumqx;
-            }
-        }
-    }
-    uint8_t l[SB_QK];
-    float unused_qx, unused_q2;
-    iq4nl_fit(x, d != 0.0f ? 1.0f / d : 0.0f, l, &unused_qx, &unused_q2);
-    blk->d = sb_fp32_to_fp16(d);
-    for (int j = 0; j < SB_QK / 2; j++)
-        blk->qs[j] = (uint8_t)(l[j] | l[j + SB_QK / 2] << 4);
-}
-
-void sb__iq4_nl_from_float_ref(const float *src, void *dst, int64_t n) {
-    sb_block_iq4_nl *blk = dst;
-    for (int64_t b = 0; b < n / SB_QK; b++)
-        quantize_iq4_nl_block(src + b * SB_QK, blk + b);
-}
 
 /* ---- 8-bit quantization ------------------------------------------------- */
 

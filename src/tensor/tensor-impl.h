@@ -32,6 +32,17 @@
 /* ggml's quantizers: a group of weights with |x| below this is all zero. */
 #define GROUP_MAX_EPS 1e-15f
 
+/* Round to nearest, ties to even, as ggml's nearest_int: adding 1.5*2^23
+ * leaves the rounded integer in the low mantissa bits. Valid for
+ * |v| <= 2^22 (ggml asserts it); outside that range (and for NaN) it
+ * returns the same garbage ggml's does, which is the point. */
+static inline int sb__nearest_int(float v) {
+    const float t = v + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &t, sizeof(i));
+    return (i & 0x007fffff) - 0x00400000;
+}
+
 /* Block scales are F16 bit patterns at unaligned offsets. */
 static inline float sb__get_f16(const uint8_t *p) {
     uint16_t h;

@@ -176,7 +176,9 @@ static const sb_type_traits traits[SB_TYPE_COUNT] = {
         SB_TYPE_Q8_0, sb__vec_dot_iq4_nl_q8_0_ref, NULL),
     [SB_TYPE_IQ3_S] = GEOMETRY("iq3_s", SB_QK_K, 110),   /* d + qs 64 + qh 8 + signs 32 + scales 4 */
     [SB_TYPE_IQ2_S] = GEOMETRY("iq2_s", SB_QK_K, 82),    /* d + qs 64 + qh 8 + scales 8 */
-    [SB_TYPE_IQ4_XS] = GEOMETRY("iq4_xs", SB_QK_K, 136), /* d + scales_h 2 + scales_l 4 + qs 128 */
+    [SB_TYPE_IQ4_XS] = COMPUTABLE("iq4_xs", SB_QK_K, sizeof(sb_block_iq4_xs), /* d + scales_h 2 + scales_l 4 + qs 128 */
+        sb__iq4_xs_to_float, sb__iq4_xs_from_float_ref,
+        SB_TYPE_Q8_K, sb__vec_dot_iq4_xs_q8_K_ref, NULL),
     [SB_TYPE_I8] = GEOMETRY("i8", 1, 1),
     [SB_TYPE_I16] = GEOMETRY("i16", 1, 2),
     [SB_TYPE_I32] = GEOMETRY("i32", 1, 4),

@@ -10,8 +10,8 @@
 //   2. the Q4_K_M, Q5_K_M and Q6_K files made by llama.cpp (two Q4_K_M ones of models whose
 //      output is their embedding table: a Q6_K table, and a Q8_0 one with Q5_0 layers), and an
 //      IQ4_NL one (which its quantizer wrote for the Q2_K and Q3_K matrices whose rows are not a
-//      multiple of 256, before it took Q4_0 for them: files people have) decode greedily to
-//      the same first tokens in both engines (at least 8 of 32, or fewer and
+//      multiple of 256, before it took Q4_0 for them: files people have) and an IQ4_XS one decode
+//      greedily to the same first tokens in both engines (at least 8 of 32, or fewer and
 //      then two tokens within 3% of our distribution's spread: random
 //      quantized models meet near-ties), and their teacher-forced next-token
 //      distributions agree within 3% (bench/llamacpp/distributions.mjs).
@@ -173,17 +173,17 @@ function tieGap(model, ids, a, b) {
 const llama = await getLlama({gpu: false, logLevel: LlamaLogLevel.error, build: 'never'});
 const prompts = ['Once upon a time', 'The capital of France is'];
 const N = 32, MIN_SAME = 8;
-// IQ4_NL (llama.cpp's quantizer only: switchboard's does not write the IQ file types).
-{
-    const iq4 = join(dir, 'gen-f16-iq4_nl-llama.gguf');
-    const l = timed(quantizer, [libllama, gen, iq4, 'iq4_nl', '2']);
-    const n = l.status === 0 ? Object.values(readGguf(iq4).tensors).filter((x) => x.type === 'iq4_nl').length : 0;
-    check(n > 0, `gen-f16 iq4_nl by llama.cpp: ${n} iq4_nl matrices` + (l.status ? `\n${l.stderr}` : ''));
+// IQ4_NL and IQ4_XS files (llama.cpp's quantizer only: switchboard's does not write the IQ file types).
+for (const type of ['iq4_nl', 'iq4_xs']) {
+    const file = join(dir, `gen-f16-${type}-llama.gguf`);
+    const l = timed(quantizer, [libllama, gen, file, type, '2']);
+    const n = l.status === 0 ? Object.values(readGguf(file).tensors).filter((x) => x.type === type).length : 0;
+    check(n > 0, `gen-f16 ${type} by llama.cpp: ${n} ${type} matrices` + (l.status ? `\n${l.stderr}` : ''));
     if (n > 0)
-        made['gen-f16-iq4_nl'] = iq4;
+        made[`gen-f16-${type}`] = file;
 }
 
-const kfiles = [...['q4_k_m', 'q5_k_m', 'q6_k', 'iq4_nl'].map((t) => `gen-f16-${t}`), 'gen-tied256-q4_k_m',
+const kfiles = [...['q4_k_m', 'q5_k_m', 'q6_k', 'iq4_nl', 'iq4_xs'].map((t) => `gen-f16-${t}`), 'gen-tied256-q4_k_m',
                 'gen-tied288-q4_k_m', 'gen-tied288-q3_k_m']
                    .map((k) => made[k]).filter(Boolean);
 for (const path of kfiles) {

@@ -74,6 +74,7 @@ static const struct {
     {SB_TYPE_Q4_K, "dequantize_row_q4_K", "quantize_row_q4_K_ref", true, false},
     {SB_TYPE_Q5_K, "dequantize_row_q5_K", "quantize_row_q5_K_ref", true, false},
     {SB_TYPE_Q6_K, "dequantize_row_q6_K", "quantize_row_q6_K_ref", true, false},
+    {SB_TYPE_IQ4_XS, "dequantize_row_iq4_xs", "quantize_row_iq4_xs_ref", true, false},
     {SB_TYPE_Q8_K, "dequantize_row_q8_K", "quantize_row_q8_K_ref", false, false},
 };
 
@@ -95,7 +96,7 @@ static const struct {
     {SB_TYPE_Q8_0, "ggml_vec_dot_q8_0_q8_0", true}, {SB_TYPE_IQ4_NL, "ggml_vec_dot_iq4_nl_q8_0", true},
     {SB_TYPE_Q2_K, "ggml_vec_dot_q2_K_q8_K", true}, {SB_TYPE_Q3_K, "ggml_vec_dot_q3_K_q8_K", true},
     {SB_TYPE_Q4_K, GEMV_Q4_K_8X8, false}, {SB_TYPE_Q5_K, "ggml_vec_dot_q5_K_q8_K", true},
-    {SB_TYPE_Q6_K, "ggml_vec_dot_q6_K_q8_K", true},
+    {SB_TYPE_Q6_K, "ggml_vec_dot_q6_K_q8_K", true}, {SB_TYPE_IQ4_XS, "ggml_vec_dot_iq4_xs_q8_K", true},
 };
 
 /* Activation types and the CPU backend's quantizer for them. */
@@ -267,6 +268,7 @@ static void random_blocks(sb_type type, uint8_t *buf, int64_t n) {
     case SB_TYPE_Q2_K: f16_off[0] = 80; f16_off[1] = 82; break;
     case SB_TYPE_Q3_K: f16_off[0] = 108; break;
     case SB_TYPE_Q4_K: case SB_TYPE_Q5_K: f16_off[0] = 0; f16_off[1] = 2; break;
+    case SB_TYPE_IQ4_XS: f16_off[0] = 0; break;
     case SB_TYPE_Q6_K: f16_off[0] = 208; break;
     case SB_TYPE_Q8_K: f32_off = 0; break;
     default: fail_msg("no layout for type %d", (int)type);
@@ -523,6 +525,13 @@ static double dot_bound(sb_type type, int64_t n, const uint8_t *w, const uint8_t
                 sc[j] = (int8_t)blk[192 + j];
             d = sb_fp16_to_fp32((uint16_t)(blk[208] | blk[209] << 8));
             qmax = 32;
+            break;
+        case SB_TYPE_IQ4_XS:
+            for (int j = 0; j < 8; j++)
+                sc[j] = sb__iq4_xs_scale((const sb_block_iq4_xs *)blk, j);
+            d = sb_fp16_to_fp32((uint16_t)(blk[0] | blk[1] << 8));
+            qmax = 127; /* the largest |value| */
+            nsub = 8;
             break;
         default: /* Q5_K */
             for (int j = 0; j < 8; j++)

@@ -26,7 +26,7 @@
 
 static const sb_type weight_types[] = {SB_TYPE_F32,  SB_TYPE_F16,  SB_TYPE_BF16, SB_TYPE_Q4_0, SB_TYPE_Q4_1,
                                        SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0, SB_TYPE_Q2_K, SB_TYPE_Q3_K,
-                                       SB_TYPE_Q4_K, SB_TYPE_Q5_K, SB_TYPE_Q6_K, SB_TYPE_IQ4_NL};
+                                       SB_TYPE_Q4_K, SB_TYPE_Q5_K, SB_TYPE_Q6_K, SB_TYPE_IQ4_NL, SB_TYPE_IQ4_XS};
 static const sb_type act_types[] = {SB_TYPE_F32, SB_TYPE_F16, SB_TYPE_BF16, SB_TYPE_Q8_0, SB_TYPE_Q8_1, SB_TYPE_Q8_K};
 
 /* Row lengths in the tests are given for 32-element blocks; a K-quant's

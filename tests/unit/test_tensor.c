@@ -22,7 +22,8 @@
 static const sb_type weight_types[] = {SB_TYPE_F32,  SB_TYPE_F16,  SB_TYPE_Q4_0, SB_TYPE_Q4_1,
                                        SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0, SB_TYPE_IQ4_NL, SB_TYPE_BF16};
 /* The K-quants are weights too; test_kquants.c covers their numerics. */
-static const sb_type kquant_types[] = {SB_TYPE_Q2_K, SB_TYPE_Q3_K, SB_TYPE_Q4_K, SB_TYPE_Q5_K, SB_TYPE_Q6_K};
+static const sb_type kquant_types[] = {SB_TYPE_Q2_K, SB_TYPE_Q3_K, SB_TYPE_Q4_K, SB_TYPE_Q5_K, SB_TYPE_Q6_K,
+                                       SB_TYPE_IQ4_XS};
 
 /* Deterministic xorshift64* so failures reproduce. */
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -129,7 +130,7 @@ static void test_traits_compute_support(void **state) {
     assert_int_equal(traits(SB_TYPE_Q5_1)->vec_dot_type, SB_TYPE_Q8_1);
     assert_int_equal(traits(SB_TYPE_IQ4_NL)->vec_dot_type, SB_TYPE_Q8_0);
     assert_non_null(traits(SB_TYPE_Q8_1)->to_float); /* activation type: convertible, not a weight */
-    assert_null(traits(SB_TYPE_IQ4_XS)->to_float); /* sizes known, no compute support */
+    assert_null(traits(SB_TYPE_IQ3_S)->to_float); /* sizes known, no compute support */
 }
 
 static void test_row_size(void **state) {

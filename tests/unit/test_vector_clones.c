@@ -94,7 +94,7 @@ static void weight_rows(float *x, int64_t n, int64_t rows) {
 static void digest_quantizers(digests *d) {
     static const sb_type types[] = {SB_TYPE_Q4_0, SB_TYPE_Q4_1, SB_TYPE_Q5_0, SB_TYPE_Q5_1, SB_TYPE_Q8_0,
                                     SB_TYPE_Q2_K, SB_TYPE_Q3_K, SB_TYPE_Q4_K, SB_TYPE_Q5_K, SB_TYPE_Q6_K,
-                                    SB_TYPE_IQ4_NL, SB_TYPE_F16, SB_TYPE_BF16};
+                                    SB_TYPE_IQ4_NL, SB_TYPE_IQ4_XS, SB_TYPE_F16, SB_TYPE_BF16};
     enum { N = 3 * 256, ROWS = 12 };
     static float x[ROWS * N];
     static uint8_t q[ROWS * N * 4];
@@ -218,7 +218,7 @@ static void test_every_version_gives_the_same_bytes(void **state) {
     static digests mine, theirs;
     compute(&mine);
     /* quantizers, F16, three samplers, the model */
-    assert_int_equal(mine.n, 13 + 1 + 3 + 1);
+    assert_int_equal(mine.n, 14 + 1 + 3 + 1);
     char paths[4096];
     snprintf(paths, sizeof(paths), "%s", env);
     int probes = 0;
