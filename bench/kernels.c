@@ -70,7 +70,7 @@ static void make_weights(sb_type type, int64_t n, int64_t rows, uint8_t *dst) {
 static const sb_type types[] = {SB_TYPE_Q4_0, SB_TYPE_Q4_1, SB_TYPE_Q5_0, SB_TYPE_Q5_1,
                                 SB_TYPE_Q8_0, SB_TYPE_F16,  SB_TYPE_BF16, SB_TYPE_F32,
                                 SB_TYPE_Q4_K, SB_TYPE_Q6_K, SB_TYPE_Q5_K, SB_TYPE_Q2_K, SB_TYPE_Q3_K,
-                                SB_TYPE_IQ4_NL};
+                                SB_TYPE_IQ4_NL, SB_TYPE_IQ4_XS};
 
 int main(int argc, char **argv) {
     const int64_t n = argc > 1 ? atoll(argv[1]) : 2048;
