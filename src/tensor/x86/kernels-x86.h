@@ -458,13 +458,14 @@ SBX_ALWAYS bool fs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
  * carries QB_MAGIC so that one float subtraction turns the sum into a
  * float. They are prepared once per call and token, with d_x (and s_x) as
  * floats, in qb_xb bytes per block. */
-typedef enum { QB_Q4_0, QB_Q4_1, QB_Q5_0, QB_Q5_1, QB_Q8_0, QB_IQ4_NL } qbf; /* the weight format */
+typedef enum { QB_Q4_0, QB_Q4_1, QB_Q5_0, QB_Q5_1, QB_Q8_0, QB_IQ4_NL, QB_IQ4_XS } qbf; /* the weight format */
 
 SBX_ALWAYS size_t qb_wsize(qbf f) {
     return f == QB_Q4_1   ? sizeof(sb_block_q4_1)
            : f == QB_Q5_0 ? sizeof(sb_block_q5_0)
            : f == QB_Q5_1 ? sizeof(sb_block_q5_1)
            : f == QB_Q8_0 ? sizeof(sb_block_q8_0)
+           : f == QB_IQ4_XS ? sizeof(sb_block_iq4_xs)
                           : sizeof(sb_block_q4_0); /* Q4_0, IQ4_NL */
 }
 SBX_ALWAYS bool qb_min(qbf f) { return f == QB_Q4_1 || f == QB_Q5_1; } /* x = q d + m */
@@ -483,11 +484,15 @@ SBX_ALWAYS size_t qb_qs(qbf f) {
 SBX_ALWAYS size_t qb_qh(qbf f) { return f == QB_Q5_1 ? offsetof(sb_block_q5_1, qh) : offsetof(sb_block_q5_0, qh); }
 /* The activation blocks (Q8_1 for the formats with a min, else Q8_0): their
  * size and where their quants start. */
-SBX_ALWAYS size_t qb_xsize(qbf f) { return qb_min(f) ? sizeof(sb_block_q8_1) : sizeof(sb_block_q8_0); }
+SBX_ALWAYS size_t qb_xsize(qbf f) {
+    return f == QB_IQ4_XS ? sizeof(sb_block_q8_K) : qb_min(f) ? sizeof(sb_block_q8_1) : sizeof(sb_block_q8_0);
+}
+/* Elements per weight (and activation) block. */
+SBX_ALWAYS int64_t qb_blck(qbf f) { return f == QB_IQ4_XS ? SB_QK_K : SB_QK; }
 SBX_ALWAYS size_t qb_xq(qbf f) { return qb_min(f) ? offsetof(sb_block_q8_1, qs) : offsetof(sb_block_q8_0, qs); }
 /* Prepared bytes per token and block: int32 starting value, float d_x, and
- * with a min float s_x. */
-SBX_ALWAYS size_t qb_xb(qbf f) { return qb_min(f) ? 12 : 8; }
+ * with a min float s_x; IQ4_XS (xs_prepare) d_x and 8 starting values. */
+SBX_ALWAYS size_t qb_xb(qbf f) { return f == QB_IQ4_XS ? 36 : qb_min(f) ? 12 : 8; }
 #if SBX_AVX512
 typedef __m512i vi;
 #define QB_R 16
@@ -819,9 +824,131 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
     return dw;
 }
 
+#if SBX_AVX512
+/* ---- IQ4_XS, packed (AVX-512) ----
+ * Its reference (iquants.c) sums a block of 256 in integers, (ls_j - 32)
+ * times each sub-block's products, then takes one fma: so a lane holds a
+ * row as for Q4_0. A packed group of QB_R rows holds, per block, the 8
+ * sub-blocks' transposed quant dwords (4 vectors each, as Q4_0's block),
+ * then for all blocks the rows' own 8 bytes of meta regrouped: their d and
+ * scales_h (one dword per row: d low, scales_h high), then their scales_l
+ * (one dword per row: sub-block j's nibble at bits 4j). The same bytes as
+ * the rows: 16 * 136 = 2048 + 128. The values come as IQ4_NL's (+ 128,
+ * unsigned); each sub-block's chain starts from -128 times its
+ * activations' sum (prepared per token, with d_x). */
+#define XS_Q (8 * 4 * 64) /* packed quant bytes per block */
+#define XS_META 128
+
+SBX_ALWAYS void xs_prepare(const uint8_t *x, int64_t nb, uint8_t *dst) {
+    for (int64_t b = 0; b < nb; b++, x += sizeof(sb_block_q8_K), dst += qb_xb(QB_IQ4_XS)) {
+        const sb_block_q8_K *blk = (const sb_block_q8_K *)x;
+        memcpy(dst, &blk->d, sizeof(float));
+        for (int j = 0; j < 8; j++) {
+            const int32_t start = -128 * (blk->bsums[2 * j] + blk->bsums[2 * j + 1]);
+            memcpy(dst + 4 + 4 * j, &start, sizeof(start));
+        }
+    }
+}
+
+/* T tokens against a packed group's QB_R rows: y[t*ldy + r]. */
+SBX_ALWAYS void xs_tile(bool gfni, int T, int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs,
+                        const uint8_t *xc, size_t xcs, float *y, size_t ldy, const uint8_t *pf) {
+    const vi m4 = vi_set1_8(0x0f);
+    vf acc[QB_T];
+    SBX_UNROLL for (int t = 0; t < T; t++)
+        acc[t] = vf_zero();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *meta = w + (size_t)nb * XS_Q + (size_t)b * XS_META;
+        if (pf) {
+            prefetch_ahead(pf + (size_t)b * XS_Q, XS_Q);
+            prefetch_ahead(pf + (size_t)nb * XS_Q + (size_t)b * XS_META, XS_META);
+        }
+        const vi dh = vi_loadu(meta), sl = vi_loadu(meta + 64);
+        const vf dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
+        const vi sh = _mm512_srli_epi32(dh, 16);
+        vi isum[QB_T];
+        SBX_UNROLL for (int t = 0; t < T; t++)
+            isum[t] = vi_set1_32(0);
+        for (int j = 0; j < 8; j++) {
+            const vi sc = _mm512_sub_epi32(
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * j), vi_set1_32(0xf)),
+                                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), vi_set1_32(3)), 4)),
+                vi_set1_32(32));
+            vi wq[8];
+            SBX_UNROLL for (int k = 0; k < 4; k++) {
+                const vi v = vi_load_once(w + (size_t)b * XS_Q + 256 * (size_t)j + 64 * k);
+                wq[k] = qb_iq4nl_lookup(vi_and(v, m4));
+                wq[4 + k] = qb_iq4nl_lookup(qb_high_nibbles(v, m4, gfni));
+            }
+            SBX_UNROLL for (int t = 0; t < T; t++) {
+                const uint8_t *xt = x + t * xs + (size_t)b * sizeof(sb_block_q8_K) + offsetof(sb_block_q8_K, qs) + 32 * j;
+                vi s = vi_set1_32(load_i32(xc + t * xcs + (size_t)b * qb_xb(QB_IQ4_XS) + 4 + 4 * j));
+                SBX_UNROLL for (int k = 0; k < 8; k++)
+                    s = qb_dot4(s, wq[k], xt + 4 * k);
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s, sc));
+            }
+        }
+        SBX_UNROLL for (int t = 0; t < T; t++) {
+            float dx;
+            memcpy(&dx, xc + t * xcs + (size_t)b * qb_xb(QB_IQ4_XS), sizeof(dx));
+            acc[t] = vf_fma(_mm512_cvtepi32_ps(isum[t]), vf_mul(dw, vf_set1(dx)), acc[t]);
+        }
+    }
+    SBX_UNROLL for (int t = 0; t < T; t++)
+        vf_storeu(y + (size_t)t * ldy, acc[t]);
+}
+
+/* Packs groups of QB_R rows in place of the rows (see xs_tile). */
+SBX_ALWAYS void xs_pack(const void *src, void *dst, int64_t n_in, int64_t n_out) {
+    const int64_t nb = n_in / SB_QK_K;
+    const size_t row = (size_t)nb * sizeof(sb_block_iq4_xs);
+    const uint8_t *rp[QB_R];
+    int32_t off[QB_R];
+    for (int r = 0; r < QB_R; r++)
+        off[r] = (int32_t)((size_t)r * row);
+    const vi rowoff = vi_loadu(off);
+    for (int64_t g = 0; g < n_out / QB_R; g++) {
+        const uint8_t *in = (const uint8_t *)src + (size_t)g * QB_R * row;
+        uint8_t *out = (uint8_t *)dst + (size_t)g * QB_R * row;
+        for (int r = 0; r < QB_R; r++)
+            rp[r] = in + (size_t)r * row;
+        for (int64_t b = 0; b < nb; b++) {
+            const size_t o = (size_t)b * sizeof(sb_block_iq4_xs);
+            for (int j = 0; j < 8; j++) {
+                vi v[4];
+                qb_transpose(rp, o + offsetof(sb_block_iq4_xs, qs) + 16 * (size_t)j, v);
+                for (int k = 0; k < 4; k++)
+                    _mm512_storeu_si512(out + (size_t)b * XS_Q + 256 * (size_t)j + 64 * k, v[k]);
+            }
+            uint8_t *meta = out + (size_t)nb * XS_Q + (size_t)b * XS_META;
+            _mm512_storeu_si512(meta, _mm512_i32gather_epi32(rowoff, in + o, 1));
+            _mm512_storeu_si512(meta + 64, _mm512_i32gather_epi32(rowoff, in + o + offsetof(sb_block_iq4_xs, scales_l), 1));
+        }
+    }
+}
+
+/* Block b of row r of a packed group, back in IQ4_XS's layout. */
+SBX_ALWAYS void xs_row_block(const void *group, int64_t n_in, int r, int64_t b, void *dst) {
+    const int64_t nb = n_in / SB_QK_K;
+    const uint8_t *g = group, *meta = g + (size_t)nb * XS_Q + (size_t)b * XS_META;
+    uint8_t *out = dst;
+    memcpy(out, meta + 4 * (size_t)r, 4); /* d, scales_h */
+    memcpy(out + offsetof(sb_block_iq4_xs, scales_l), meta + 64 + 4 * (size_t)r, 4);
+    for (int j = 0; j < 8; j++)
+        for (int k = 0; k < 4; k++)
+            memcpy(out + offsetof(sb_block_iq4_xs, qs) + 16 * j + 4 * k, g + (size_t)b * XS_Q + 256 * j + 64 * k + 4 * r, 4);
+}
+#endif
+
 SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const uint8_t *w, size_t ws, int rows,
                         const uint8_t *x, size_t xs, const uint8_t *xc, size_t xcs, float *y, size_t ldy,
                         const uint8_t *pf) {
+#if SBX_AVX512
+    if (f == QB_IQ4_XS) { /* packed only, whole groups */
+        xs_tile(gfni, T, nb, w, x, xs, xc, xcs, y, ldy, pf);
+        return;
+    }
+#endif
     const uint8_t *rp[QB_R];
     int32_t off[QB_R];
     for (int r = 0; r < QB_R; r++) {
@@ -1044,7 +1171,7 @@ QB_GEMM(iq4_nl, QB_IQ4_NL)
 SBX_ALWAYS void qb_packed(qbf f, bool gfni, int64_t n, const void *w, size_t ws, int64_t nr, const void *xv,
                           size_t xs, int64_t nt, float *y, size_t ldy) {
     const uint8_t *x = xv;
-    const int64_t nb = n / SB_QK;
+    const int64_t nb = n / qb_blck(f);
     qb_tiles(f, true, gfni, nb, w, ws, nr, x, xs, x + (size_t)nb * qb_xsize(f), xs, nt, y, ldy);
 }
 
@@ -1122,12 +1249,14 @@ SBX_ALWAYS void qb_row_block(qbf f, const void *group, int64_t n_in, int r, int6
                                           size_t xs, int64_t nt, float *y, size_t ldy) {                         \
         qb_packed(f, true, n, w, ws, nr, x, xs, nt, y, ldy);                                                     \
     }                                                                                                             \
-    static void qb_terms_##name(const void *x, int64_t n, void *dst) { qb_prepare(f, x, n / SB_QK, dst); }       \
+    static void qb_terms_##name(const void *x, int64_t n, void *dst) {                                          \
+        f == QB_IQ4_XS ? xs_prepare(x, n / SB_QK_K, dst) : qb_prepare(f, x, n / SB_QK, dst);                      \
+    }                                                                                                             \
     static void pack_##name(const void *src, void *dst, int64_t n_in, int64_t n_out) {                          \
-        qb_pack(f, src, dst, n_in, n_out);                                                                        \
+        f == QB_IQ4_XS ? xs_pack(src, dst, n_in, n_out) : qb_pack(f, src, dst, n_in, n_out);                      \
     }                                                                                                             \
     static void row_block_##name(const void *group, int64_t n_in, int r, int64_t b, void *dst) {                \
-        qb_row_block(f, group, n_in, r, b, dst);                                                                  \
+        f == QB_IQ4_XS ? xs_row_block(group, n_in, r, b, dst) : qb_row_block(f, group, n_in, r, b, dst);          \
     }                                                                                                             \
     static sb_packing packing_##name(bool gfni) {                                                                 \
         return (sb_packing){.rows = QB_R,                                                                         \
@@ -1143,6 +1272,7 @@ QB_ENTRIES(q5_0, QB_Q5_0)
 QB_ENTRIES(q5_1, QB_Q5_1)
 QB_ENTRIES(q8_0, QB_Q8_0)
 QB_ENTRIES(iq4_nl, QB_IQ4_NL)
+QB_ENTRIES(iq4_xs, QB_IQ4_XS)
 #undef QB_ENTRIES
 #endif
 
@@ -1520,6 +1650,7 @@ void SBX_FILL(sb_kernels *k) {
     k->packing[SB_TYPE_Q5_1] = packing_q5_1(k->gfni);
     k->packing[SB_TYPE_Q8_0] = packing_q8_0(k->gfni);
     k->packing[SB_TYPE_IQ4_NL] = packing_iq4_nl(k->gfni);
+    k->packing[SB_TYPE_IQ4_XS] = packing_iq4_xs(k->gfni);
 #endif
     k->gemm[SB_TYPE_Q4_1] = gemm_q4_1;
     k->gemm[SB_TYPE_Q5_0] = gemm_q5_0;
