@@ -603,6 +603,21 @@ SBX_ALWAYS vi qb_gather(const uint8_t *p, vi off) {
 #endif
 }
 
+/* A group of QB_R rows of `row` bytes at src: group g's row pointers (into
+ * rp) and its first byte; the rows' offsets from it, for qb_gather. */
+SBX_ALWAYS const uint8_t *qb_group_rows(const void *src, size_t row, int64_t g, const uint8_t *rp[QB_R]) {
+    const uint8_t *in = (const uint8_t *)src + (size_t)g * QB_R * row;
+    for (int r = 0; r < QB_R; r++)
+        rp[r] = in + (size_t)r * row;
+    return in;
+}
+SBX_ALWAYS vi qb_row_offsets(size_t row) {
+    int32_t off[QB_R];
+    for (int r = 0; r < QB_R; r++)
+        off[r] = (int32_t)((size_t)r * row);
+    return vi_loadu(off);
+}
+
 /* The QB_R rows' d_w of the block at p (row r at p + off[r]): one gather of
  * each row's first dword, whose low half is the F16 scale. */
 SBX_ALWAYS vf qb_scales(const uint8_t *p, vi off) {
@@ -903,15 +918,10 @@ SBX_ALWAYS void xs_pack(const void *src, void *dst, int64_t n_in, int64_t n_out)
     const int64_t nb = n_in / SB_QK_K;
     const size_t row = (size_t)nb * sizeof(sb_block_iq4_xs);
     const uint8_t *rp[QB_R];
-    int32_t off[QB_R];
-    for (int r = 0; r < QB_R; r++)
-        off[r] = (int32_t)((size_t)r * row);
-    const vi rowoff = vi_loadu(off);
+    const vi rowoff = qb_row_offsets(row);
     for (int64_t g = 0; g < n_out / QB_R; g++) {
-        const uint8_t *in = (const uint8_t *)src + (size_t)g * QB_R * row;
+        const uint8_t *in = qb_group_rows(src, row, g, rp);
         uint8_t *out = (uint8_t *)dst + (size_t)g * QB_R * row;
-        for (int r = 0; r < QB_R; r++)
-            rp[r] = in + (size_t)r * row;
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * sizeof(sb_block_iq4_xs);
             for (int j = 0; j < 8; j++) {
@@ -1185,15 +1195,10 @@ SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t
     const int64_t nb = n_in / SB_QK;
     const size_t row = (size_t)nb * qb_wsize(f), qb = qb_packed_q(f);
     const uint8_t *rp[QB_R];
-    int32_t off[QB_R];
-    for (int r = 0; r < QB_R; r++)
-        off[r] = (int32_t)((size_t)r * row);
-    const vi rowoff = vi_loadu(off);
+    const vi rowoff = qb_row_offsets(row);
     for (int64_t g = 0; g < n_out / QB_R; g++) {
-        const uint8_t *in = (const uint8_t *)src + (size_t)g * QB_R * row;
+        const uint8_t *in = qb_group_rows(src, row, g, rp);
         uint8_t *out = (uint8_t *)dst + (size_t)g * QB_R * row, *meta = out + (size_t)nb * qb;
-        for (int r = 0; r < QB_R; r++)
-            rp[r] = in + (size_t)r * row;
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * qb_wsize(f);
             vi v[8];
