@@ -155,7 +155,6 @@ float sb__vec_dot_q3_K_q8_K_avx2(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q5_K_q8_K_avx2(int64_t n, const void *w, const void *x);
 float sb__vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *x);
-float sb__vec_dot_iq4_xs_q8_K_avx2(int64_t n, const void *w, const void *x);
 /* Sets the K-quant gemm entries of an AVX2 (or AVX-512) level table. */
 void sb__kquants_fill_avx2(sb_kernels *k);
 #endif

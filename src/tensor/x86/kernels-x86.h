@@ -472,7 +472,7 @@ SBX_ALWAYS bool qb_min(qbf f) { return f == QB_Q4_1 || f == QB_Q5_1; } /* x = q 
 SBX_ALWAYS bool qb_five(qbf f) { return f == QB_Q5_0 || f == QB_Q5_1; } /* fifth bits in qh */
 SBX_ALWAYS bool qb_nibbles(qbf f) { return f != QB_Q8_0; }
 /* Byte values that the products take signed (AVX2 has no unsigned product of them that cannot saturate). */
-SBX_ALWAYS bool qb_signed(qbf f) { return f == QB_Q8_0 || f == QB_IQ4_NL; }
+SBX_ALWAYS bool qb_signed(qbf f) { return f == QB_Q8_0 || f == QB_IQ4_NL || f == QB_IQ4_XS; }
 SBX_ALWAYS int qb_bias(qbf f) { return f == QB_Q4_0 ? 8 : f == QB_Q5_0 ? 16 : qb_signed(f) && SBX_AVX512 ? 128 : 0; }
 /* Where a weight block keeps its quant bytes and its qh. */
 SBX_ALWAYS size_t qb_qs(qbf f) {
@@ -507,6 +507,16 @@ typedef __m512i vi;
 #define vi_unpacklo64 _mm512_unpacklo_epi64
 #define vi_unpackhi64 _mm512_unpackhi_epi64
 #define vi_as_vf _mm512_castsi512_ps
+#define vi_storeu(p, v) _mm512_storeu_si512((void *)(p), v)
+#define vi_zero _mm512_setzero_si512
+#define vi_or _mm512_or_si512
+#define vi_slli16 _mm512_slli_epi16
+#define vi_slli32 _mm512_slli_epi32
+#define vi_srli32 _mm512_srli_epi32
+#define vi_add32 _mm512_add_epi32
+#define vi_sub32 _mm512_sub_epi32
+#define vi_mullo32 _mm512_mullo_epi32
+#define vi_to_vf _mm512_cvtepi32_ps
 #else
 typedef __m256i vi;
 #define QB_R 8
@@ -521,6 +531,16 @@ typedef __m256i vi;
 #define vi_unpacklo64 _mm256_unpacklo_epi64
 #define vi_unpackhi64 _mm256_unpackhi_epi64
 #define vi_as_vf _mm256_castsi256_ps
+#define vi_storeu(p, v) _mm256_storeu_si256((__m256i *)(p), v)
+#define vi_zero _mm256_setzero_si256
+#define vi_or _mm256_or_si256
+#define vi_slli16 _mm256_slli_epi16
+#define vi_slli32 _mm256_slli_epi32
+#define vi_srli32 _mm256_srli_epi32
+#define vi_add32 _mm256_add_epi32
+#define vi_sub32 _mm256_sub_epi32
+#define vi_mullo32 _mm256_mullo_epi32
+#define vi_to_vf _mm256_cvtepi32_ps
 #endif
 
 /* A vector loaded by an instruction of its own, however many instructions
@@ -620,17 +640,17 @@ SBX_ALWAYS vi qb_row_offsets(size_t row) {
 
 /* The QB_R rows' d_w of the block at p (row r at p + off[r]): one gather of
  * each row's first dword, whose low half is the F16 scale. */
-SBX_ALWAYS vf qb_scales(const uint8_t *p, vi off) {
+SBX_ALWAYS vf qb_f16_low(vi g) { /* the F16 in each dword's low half, as floats */
 #if SBX_AVX512
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(qb_gather(p, off)));
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
 #else
-    const __m256i g = qb_gather(p, off);
     const __m256i low = _mm256_shuffle_epi8(g, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1,
                                                                 -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1,
                                                                 -1, -1));
     return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(low, 0x08)));
 #endif
 }
+SBX_ALWAYS vf qb_scales(const uint8_t *p, vi off) { return qb_f16_low(qb_gather(p, off)); }
 
 /* acc + the sums of 4 products per int32 lane: w's bytes (unsigned) times
  * the 4 signed bytes at x. With AVX-512 the broadcast of x is the product's
@@ -839,18 +859,26 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
     return dw;
 }
 
+/* The first `rows` of acc's lanes, stored at y. */
+SBX_ALWAYS void qb_store_rows(float *y, vf acc, int rows) {
 #if SBX_AVX512
-/* ---- IQ4_XS, packed (AVX-512) ----
+    _mm512_mask_storeu_ps(y, (__mmask16)((1u << rows) - 1), acc);
+#else
+    _mm256_maskstore_ps(y, _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), acc);
+#endif
+}
+
+/* ---- IQ4_XS ----
  * Its reference (iquants.c) sums a block of 256 in integers, (ls_j - 32)
  * times each sub-block's products, then takes one fma: so a lane holds a
- * row as for Q4_0. A packed group of QB_R rows holds, per block, the 8
- * sub-blocks' transposed quant dwords (4 vectors each, as Q4_0's block),
- * then for all blocks the rows' own 8 bytes of meta regrouped: their d and
- * scales_h (one dword per row: d low, scales_h high), then their scales_l
- * (one dword per row: sub-block j's nibble at bits 4j). The same bytes as
- * the rows: 16 * 136 = 2048 + 128. The values come as IQ4_NL's (+ 128,
- * unsigned); each sub-block's chain starts from -128 times its
- * activations' sum (prepared per token, with d_x). */
+ * row as for Q4_0, each sub-block's 16 quant bytes transposed as Q4_0's
+ * block (4 vectors), its values looked up as IQ4_NL's, and the rows' d,
+ * scales_h (one dword: d low) and scales_l (sub-block j's nibble at bits
+ * 4j) gathered per block. Packed (AVX-512), a group of QB_R rows holds per
+ * block the 8 sub-blocks' transposed vectors, then for all blocks those
+ * two dwords of every row: 16 * 136 = 2048 + 128 bytes, the rows' own.
+ * Each sub-block's chain starts from -bias times its activations' sum
+ * (prepared per token, with d_x), the bias qb_bias's. */
 #define XS_Q (8 * 4 * 64) /* packed quant bytes per block */
 #define XS_META 128
 
@@ -859,60 +887,77 @@ SBX_ALWAYS void xs_prepare(const uint8_t *x, int64_t nb, uint8_t *dst) {
         const sb_block_q8_K *blk = (const sb_block_q8_K *)x;
         memcpy(dst, &blk->d, sizeof(float));
         for (int j = 0; j < 8; j++) {
-            const int32_t start = -128 * (blk->bsums[2 * j] + blk->bsums[2 * j + 1]);
+            const int32_t start = -qb_bias(QB_IQ4_XS) * (blk->bsums[2 * j] + blk->bsums[2 * j + 1]);
             memcpy(dst + 4 + 4 * j, &start, sizeof(start));
         }
     }
 }
 
-/* T tokens against a packed group's QB_R rows: y[t*ldy + r]. */
-SBX_ALWAYS void xs_tile(bool gfni, int T, int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs,
-                        const uint8_t *xc, size_t xcs, float *y, size_t ldy, const uint8_t *pf) {
+/* T tokens against QB_R rows from w (rows past `rows` repeat the last;
+ * rp: their starts, rowoff: their offsets from w; packed: a group of
+ * xs_pack's layout): y[t*ldy + r]. pf: the next rows, prefetched. */
+SBX_ALWAYS void xs_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t *w, const uint8_t *const *rp,
+                        vi rowoff, int rows, const uint8_t *x, size_t xs, const uint8_t *xc, size_t xcs, float *y,
+                        size_t ldy, const uint8_t *pf) {
     const vi m4 = vi_set1_8(0x0f);
     vf acc[QB_T];
     SBX_UNROLL for (int t = 0; t < T; t++)
         acc[t] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *meta = w + (size_t)nb * XS_Q + (size_t)b * XS_META;
-        if (pf) {
-            prefetch_ahead(pf + (size_t)b * XS_Q, XS_Q);
-            prefetch_ahead(pf + (size_t)nb * XS_Q + (size_t)b * XS_META, XS_META);
+        const size_t o = (size_t)b * sizeof(sb_block_iq4_xs);
+        vi dh, sl;
+        if (packed) {
+            const uint8_t *meta = w + (size_t)nb * XS_Q + (size_t)b * XS_META;
+            if (pf) {
+                prefetch_ahead(pf + (size_t)b * XS_Q, XS_Q);
+                prefetch_ahead(pf + (size_t)nb * XS_Q + (size_t)b * XS_META, XS_META);
+            }
+            dh = vi_loadu(meta);
+            sl = vi_loadu(meta + XS_META / 2);
+        } else {
+            if (pf)
+                prefetch_ahead(pf + (size_t)b * QB_R * sizeof(sb_block_iq4_xs), QB_R * sizeof(sb_block_iq4_xs));
+            dh = qb_gather(w + o, rowoff);
+            sl = qb_gather(w + o + offsetof(sb_block_iq4_xs, scales_l), rowoff);
         }
-        const vi dh = vi_loadu(meta), sl = vi_loadu(meta + 64);
-        const vf dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
-        const vi sh = _mm512_srli_epi32(dh, 16);
+        const vf dw = qb_f16_low(dh);
+        const vi sh = vi_srli32(dh, 16);
         vi isum[QB_T];
         SBX_UNROLL for (int t = 0; t < T; t++)
-            isum[t] = vi_set1_32(0);
+            isum[t] = vi_zero();
         for (int j = 0; j < 8; j++) {
-            const vi sc = _mm512_sub_epi32(
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * j), vi_set1_32(0xf)),
-                                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), vi_set1_32(3)), 4)),
-                vi_set1_32(32));
-            vi wq[8];
+            const vi sc = vi_sub32(vi_or(vi_and(vi_srli32(sl, 4 * j), vi_set1_32(0xf)),
+                                         vi_slli32(vi_and(vi_srli32(sh, 2 * j), vi_set1_32(3)), 4)),
+                                   vi_set1_32(32));
+            vi v[4], wq[8];
+            if (packed)
+                SBX_UNROLL for (int k = 0; k < 4; k++)
+                    v[k] = vi_load_once(w + (size_t)b * XS_Q + 256 * (size_t)j + 64 * k);
+            else
+                qb_transpose(rp, o + offsetof(sb_block_iq4_xs, qs) + 16 * (size_t)j, v);
             SBX_UNROLL for (int k = 0; k < 4; k++) {
-                const vi v = vi_load_once(w + (size_t)b * XS_Q + 256 * (size_t)j + 64 * k);
-                wq[k] = qb_iq4nl_lookup(vi_and(v, m4));
-                wq[4 + k] = qb_iq4nl_lookup(qb_high_nibbles(v, m4, gfni));
+                wq[k] = qb_iq4nl_lookup(vi_and(v[k], m4));
+                wq[4 + k] = qb_iq4nl_lookup(qb_high_nibbles(v[k], m4, gfni));
             }
             SBX_UNROLL for (int t = 0; t < T; t++) {
                 const uint8_t *xt = x + t * xs + (size_t)b * sizeof(sb_block_q8_K) + offsetof(sb_block_q8_K, qs) + 32 * j;
                 vi s = vi_set1_32(load_i32(xc + t * xcs + (size_t)b * qb_xb(QB_IQ4_XS) + 4 + 4 * j));
                 SBX_UNROLL for (int k = 0; k < 8; k++)
-                    s = qb_dot4(s, wq[k], xt + 4 * k);
-                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s, sc));
+                    s = qb_dot(QB_IQ4_XS, s, wq[k], xt + 4 * k);
+                isum[t] = vi_add32(isum[t], vi_mullo32(s, sc));
             }
         }
         SBX_UNROLL for (int t = 0; t < T; t++) {
             float dx;
             memcpy(&dx, xc + t * xcs + (size_t)b * qb_xb(QB_IQ4_XS), sizeof(dx));
-            acc[t] = vf_fma(_mm512_cvtepi32_ps(isum[t]), vf_mul(dw, vf_set1(dx)), acc[t]);
+            acc[t] = vf_fma(vi_to_vf(isum[t]), vf_mul(dw, vf_set1(dx)), acc[t]);
         }
     }
     SBX_UNROLL for (int t = 0; t < T; t++)
-        vf_storeu(y + (size_t)t * ldy, acc[t]);
+        qb_store_rows(y + (size_t)t * ldy, acc[t], rows);
 }
 
+#if SBX_AVX512
 /* Packs groups of QB_R rows in place of the rows (see xs_tile). */
 SBX_ALWAYS void xs_pack(const void *src, void *dst, int64_t n_in, int64_t n_out) {
     const int64_t nb = n_in / SB_QK_K;
@@ -953,12 +998,6 @@ SBX_ALWAYS void xs_row_block(const void *group, int64_t n_in, int r, int64_t b, 
 SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const uint8_t *w, size_t ws, int rows,
                         const uint8_t *x, size_t xs, const uint8_t *xc, size_t xcs, float *y, size_t ldy,
                         const uint8_t *pf) {
-#if SBX_AVX512
-    if (f == QB_IQ4_XS) { /* packed only, whole groups */
-        xs_tile(gfni, T, nb, w, x, xs, xc, xcs, y, ldy, pf);
-        return;
-    }
-#endif
     const uint8_t *rp[QB_R];
     int32_t off[QB_R];
     for (int r = 0; r < QB_R; r++) {
@@ -966,6 +1005,10 @@ SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const 
         off[r] = (int32_t)(rp[r] - w);
     }
     const vi rowoff = vi_loadu(off);
+    if (f == QB_IQ4_XS) {
+        xs_tile(packed, gfni, T, nb, w, rp, rowoff, rows, x, xs, xc, xcs, y, ldy, pf);
+        return;
+    }
     vf acc[QB_T], accm[QB_T];
     SBX_UNROLL for (int t = 0; t < T; t++)
         acc[t] = accm[t] = vf_zero();
@@ -988,12 +1031,7 @@ SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const 
     SBX_UNROLL for (int t = 0; t < T; t++) {
         if (qb_min(f))
             acc[t] = vf_add(acc[t], accm[t]);
-#if SBX_AVX512
-        _mm512_mask_storeu_ps(y + (size_t)t * ldy, (__mmask16)((1u << rows) - 1), acc[t]);
-#else
-        const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        _mm256_maskstore_ps(y + (size_t)t * ldy, keep, acc[t]);
-#endif
+        qb_store_rows(y + (size_t)t * ldy, acc[t], rows);
     }
 }
 
@@ -1137,7 +1175,7 @@ SBX_ALWAYS void qb_tiles(qbf f, bool packed, bool gfni, int64_t nb, const uint8_
 SBX_ALWAYS void qb_gemm(qbf f, int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv, size_t xs,
                         int64_t nt, float *y, size_t ldy) {
     const uint8_t *w = wv, *x = xv;
-    const int64_t nb = n / SB_QK;
+    const int64_t nb = n / qb_blck(f);
     const size_t xcs = (size_t)nb * qb_xb(f);
     int64_t group = (int64_t)(QB_XGROUP / xcs) / QB_T * QB_T;
     group = group < QB_T ? QB_T : group > nt ? nt : group;
@@ -1148,7 +1186,8 @@ SBX_ALWAYS void qb_gemm(qbf f, int64_t n, const void *wv, size_t ws, int64_t nr,
                                   : f == QB_Q5_0 ? sb__vec_dot_q5_0_q8_0_ref
                                   : f == QB_Q5_1 ? sb__vec_dot_q5_1_q8_1_ref
                                   : f == QB_Q8_0 ? sb__vec_dot_q8_0_q8_0_ref
-                                                 : sb__vec_dot_iq4_nl_q8_0_ref;
+                                  : f == QB_IQ4_NL ? sb__vec_dot_iq4_nl_q8_0_ref
+                                                 : sb__vec_dot_iq4_xs_q8_K_ref;
         for (int64_t t = 0; t < nt; t++)
             for (int64_t r = 0; r < nr; r++)
                 y[t * ldy + r] = dot(n, w + r * ws, x + t * xs);
@@ -1157,7 +1196,8 @@ SBX_ALWAYS void qb_gemm(qbf f, int64_t n, const void *wv, size_t ws, int64_t nr,
     for (int64_t t0 = 0; t0 < nt; t0 += group) {
         const int64_t g = nt - t0 < group ? nt - t0 : group;
         for (int64_t t = 0; t < g; t++)
-            qb_prepare(f, x + (size_t)(t0 + t) * xs, nb, xc + (size_t)t * xcs);
+            f == QB_IQ4_XS ? xs_prepare(x + (size_t)(t0 + t) * xs, nb, xc + (size_t)t * xcs)
+                           : qb_prepare(f, x + (size_t)(t0 + t) * xs, nb, xc + (size_t)t * xcs);
         qb_tiles(f, false, false, nb, w, ws, nr, x + (size_t)t0 * xs, xs, xc, xcs, g, y + (size_t)t0 * ldy, ldy);
     }
 }
@@ -1173,6 +1213,7 @@ QB_GEMM(q5_0, QB_Q5_0)
 QB_GEMM(q5_1, QB_Q5_1)
 QB_GEMM(q8_0, QB_Q8_0)
 QB_GEMM(iq4_nl, QB_IQ4_NL)
+QB_GEMM(iq4_xs, QB_IQ4_XS)
 #undef QB_GEMM
 
 #if SBX_AVX512
@@ -1662,6 +1703,7 @@ void SBX_FILL(sb_kernels *k) {
     k->gemm[SB_TYPE_Q5_1] = gemm_q5_1;
     k->gemm[SB_TYPE_Q8_0] = gemm_q8_0;
     k->gemm[SB_TYPE_IQ4_NL] = gemm_iq4_nl;
+    k->gemm[SB_TYPE_IQ4_XS] = gemm_iq4_xs;
     k->act_from_float[SB_TYPE_F16] = act_f16;
     k->act_from_float[SB_TYPE_BF16] = act_bf16;
     k->act_from_float[SB_TYPE_Q8_0] = act_q8_0;

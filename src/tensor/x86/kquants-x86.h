@@ -41,28 +41,8 @@
 /* tokens per pass over an unpacked block: 16 unpack half as often per
  * token as 8 did (110M pp512: Q5_K_M +13%, Q4_K_M +8%) */
 #define QK_T 16
-#define vi_storeu(p, v) _mm512_storeu_si512((void *)(p), v)
-#define vi_zero _mm512_setzero_si512
-#define vi_or _mm512_or_si512
-#define vi_slli16 _mm512_slli_epi16
-#define vi_slli32 _mm512_slli_epi32
-#define vi_srli32 _mm512_srli_epi32
-#define vi_add32 _mm512_add_epi32
-#define vi_sub32 _mm512_sub_epi32
-#define vi_mullo32 _mm512_mullo_epi32
-#define vi_to_vf _mm512_cvtepi32_ps
 #else
 #define QK_T 4
-#define vi_storeu(p, v) _mm256_storeu_si256((__m256i *)(p), v)
-#define vi_zero _mm256_setzero_si256
-#define vi_or _mm256_or_si256
-#define vi_slli16 _mm256_slli_epi16
-#define vi_slli32 _mm256_slli_epi32
-#define vi_srli32 _mm256_srli_epi32
-#define vi_add32 _mm256_add_epi32
-#define vi_sub32 _mm256_sub_epi32
-#define vi_mullo32 _mm256_mullo_epi32
-#define vi_to_vf _mm256_cvtepi32_ps
 #endif
 
 /* The packed formats, compile-time constants of the tile functions. */

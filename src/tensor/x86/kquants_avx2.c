@@ -1,8 +1,8 @@
 /*
  * kquants_avx2.c - AVX2 dot products of the K-quant weights (Q2_K..Q6_K)
- * and IQ4_XS with Q8_K activations, and gemm entries built on them, for
- * matrices the level does not pack (x86/kquants-x86.h packs the K-quants
- * where their row count allows; IQ4_XS runs here always).
+ * with Q8_K activations, and gemm entries built on them, for matrices the
+ * level does not pack (x86/kquants-x86.h packs them where their row count
+ * allows).
  *
  * They give the bits of the reference kernels in kquants.c: one exact
  * integer sum per block (see there), then the reference's fmas. Integer
@@ -174,34 +174,6 @@ float sb__vec_dot_q4_K_q8_K_avx2(int64_t n, const void *w, const void *x) { retu
 float sb__vec_dot_q5_K_q8_K_avx2(int64_t n, const void *w, const void *x) { return dot_block(SB_TYPE_Q5_K, n, w, x); }
 float sb__vec_dot_q6_K_q8_K_avx2(int64_t n, const void *w, const void *x) { return dot_block(SB_TYPE_Q6_K, n, w, x); }
 
-/* IQ4_XS: a sub-block's 16 bytes of nibbles as 32 indices, looked up by a
- * byte shuffle into the signed values; |w| times x with w's sign (maddubs
- * pairs below 2 * 127 * 127), the sub-block scales by madd, one integer
- * sum per block, then the reference's fma. */
-float sb__vec_dot_iq4_xs_q8_K_avx2(int64_t n, const void *w, const void *x) {
-    const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sb__iq4nl_values));
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    const sb_block_iq4_xs *wb = w;
-    const sb_block_q8_K *xb = x;
-    float acc = 0;
-    for (int64_t b = 0; b < n / SB_QK_K; b++, wb++, xb++) {
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < SB_QK_K / SB_QK; j++) {
-            const __m128i q = _mm_loadu_si128((const __m128i *)(wb->qs + 16 * j));
-            const __m256i v = _mm256_shuffle_epi8(
-                values, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4)));
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * j));
-            const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(xv, v));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16((short)sb__iq4_xs_scale(wb, j)), p));
-        }
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256(sumi, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-        acc = fmaf((float)_mm_cvtsi128_si32(s4), sb__get_f16((const uint8_t *)&wb->d) * xb->d, acc);
-    }
-    return acc;
-}
-
 /* Row-outer gemm over a vec_dot: each weight row is read once for all tokens. */
 static inline void gemm_rows(float (*dot)(int64_t, const void *, const void *), int64_t n, const void *w,
                              size_t w_stride, int64_t nr, const void *x, size_t x_stride, int64_t nt, float *y,
@@ -223,7 +195,6 @@ GEMM_ROWS(q3_K)
 GEMM_ROWS(q4_K)
 GEMM_ROWS(q5_K)
 GEMM_ROWS(q6_K)
-GEMM_ROWS(iq4_xs)
 #undef GEMM_ROWS
 
 void sb__kquants_fill_avx2(sb_kernels *k) {
@@ -232,7 +203,6 @@ void sb__kquants_fill_avx2(sb_kernels *k) {
     k->gemm[SB_TYPE_Q4_K] = gemm_q4_K;
     k->gemm[SB_TYPE_Q5_K] = gemm_q5_K;
     k->gemm[SB_TYPE_Q6_K] = gemm_q6_K;
-    k->gemm[SB_TYPE_IQ4_XS] = gemm_iq4_xs;
 }
 
 #if defined(__clang__)
