@@ -491,8 +491,8 @@ SBX_ALWAYS size_t qb_xsize(qbf f) {
 SBX_ALWAYS int64_t qb_blck(qbf f) { return f == QB_IQ4_XS ? SB_QK_K : SB_QK; }
 SBX_ALWAYS size_t qb_xq(qbf f) { return qb_min(f) ? offsetof(sb_block_q8_1, qs) : offsetof(sb_block_q8_0, qs); }
 /* Prepared bytes per token and block: int32 starting value, float d_x, and
- * with a min float s_x; IQ4_XS (xs_prepare) d_x and 8 starting values. */
-SBX_ALWAYS size_t qb_xb(qbf f) { return f == QB_IQ4_XS ? 36 : qb_min(f) ? 12 : 8; }
+ * with a min float s_x; IQ4_XS float d_x and its 8 sub-blocks' starting values. */
+SBX_ALWAYS size_t qb_xb(qbf f) { return f == QB_IQ4_XS ? 4 + 4 * 8 : qb_min(f) ? 12 : 8; }
 #if SBX_AVX512
 typedef __m512i vi;
 #define QB_R 16
@@ -577,6 +577,17 @@ SBX_ALWAYS int32_t q8_block_sum(const uint8_t *q) {
 }
 
 SBX_ALWAYS void qb_prepare(qbf f, const uint8_t *x, int64_t nb, uint8_t *dst) {
+    if (f == QB_IQ4_XS) { /* Q8_K rows; each sub-block of 32 starts from -bias times its sum */
+        for (int64_t b = 0; b < nb; b++, x += qb_xsize(f), dst += qb_xb(f)) {
+            const sb_block_q8_K *blk = (const sb_block_q8_K *)x;
+            memcpy(dst, &blk->d, sizeof(float));
+            for (int j = 0; j < 8; j++) {
+                const int32_t start = -qb_bias(f) * (blk->bsums[2 * j] + blk->bsums[2 * j + 1]);
+                memcpy(dst + 4 + 4 * j, &start, sizeof(start));
+            }
+        }
+        return;
+    }
     for (int64_t b = 0; b < nb; b++, x += qb_xsize(f), dst += qb_xb(f)) {
         const int32_t start = QB_MAGIC - (qb_bias(f) ? qb_bias(f) * q8_block_sum(x + qb_xq(f)) : 0);
         const float dx = _cvtsh_ss(load_u16(x));
@@ -741,6 +752,18 @@ SBX_ALWAYS vi qb_iq4nl_lookup(vi q) {
 #endif
 }
 
+/* The low and high nibbles of v's bytes as the products take them: the IQ
+ * formats' looked up. */
+SBX_ALWAYS void qb_nibble_pair(qbf f, vi v, bool gfni, vi *lo, vi *hi) {
+    const vi m4 = vi_set1_8(0x0f);
+    *lo = vi_and(v, m4);
+    *hi = qb_high_nibbles(v, m4, gfni);
+    if (f == QB_IQ4_NL || f == QB_IQ4_XS) {
+        *lo = qb_iq4nl_lookup(*lo);
+        *hi = qb_iq4nl_lookup(*hi);
+    }
+}
+
 /* T tokens against the QB_R rows from w (rows past `rows` repeat the last;
  * their results are not stored): y[t*ldy + r]. xc: the tokens' prepared
  * terms. pf: the next tile's rows (QB_R rows, contiguous), prefetched at the
@@ -801,7 +824,6 @@ SBX_ALWAYS vf qb_block_acc(qbf f, vf acc, vf *accm, vi s, vf dw, vf mw, const ui
  * products want them. */
 SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb, const uint8_t *w,
                             const uint8_t *const *rp, vi rowoff, const uint8_t *pf, vi wq[8], vf *mw) {
-    const vi m4 = vi_set1_8(0x0f);
     const size_t o = (size_t)b * qb_wsize(f);
     vi v[8], qh = vi_set1_32(0);
     vf dw;
@@ -838,16 +860,11 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
             *mw = qb_scales(w + o + 2, rowoff);
     }
     if (qb_nibbles(f)) {
-        SBX_UNROLL for (int k = 0; k < 4; k++) {
-            wq[k] = vi_and(v[k], m4);
-            wq[4 + k] = qb_high_nibbles(v[k], m4, gfni);
-        }
+        SBX_UNROLL for (int k = 0; k < 4; k++)
+            qb_nibble_pair(f, v[k], gfni, &wq[k], &wq[4 + k]);
         if (qb_five(f))
             SBX_UNROLL for (int j = 0; j < 8; j++)
                 wq[j] = qb_fifth_bits(wq[j], qh, j);
-        if (f == QB_IQ4_NL)
-            SBX_UNROLL for (int j = 0; j < 8; j++)
-                wq[j] = qb_iq4nl_lookup(wq[j]);
     } else {
         SBX_UNROLL for (int k = 0; k < 8; k++)
 #if SBX_AVX512
@@ -878,20 +895,9 @@ SBX_ALWAYS void qb_store_rows(float *y, vf acc, int rows) {
  * block the 8 sub-blocks' transposed vectors, then for all blocks those
  * two dwords of every row: 16 * 136 = 2048 + 128 bytes, the rows' own.
  * Each sub-block's chain starts from -bias times its activations' sum
- * (prepared per token, with d_x), the bias qb_bias's. */
+ * (qb_prepare's, with d_x), the bias qb_bias's. */
 #define XS_Q (8 * 4 * 64) /* packed quant bytes per block */
 #define XS_META 128
-
-SBX_ALWAYS void xs_prepare(const uint8_t *x, int64_t nb, uint8_t *dst) {
-    for (int64_t b = 0; b < nb; b++, x += sizeof(sb_block_q8_K), dst += qb_xb(QB_IQ4_XS)) {
-        const sb_block_q8_K *blk = (const sb_block_q8_K *)x;
-        memcpy(dst, &blk->d, sizeof(float));
-        for (int j = 0; j < 8; j++) {
-            const int32_t start = -qb_bias(QB_IQ4_XS) * (blk->bsums[2 * j] + blk->bsums[2 * j + 1]);
-            memcpy(dst + 4 + 4 * j, &start, sizeof(start));
-        }
-    }
-}
 
 /* T tokens against QB_R rows from w (rows past `rows` repeat the last;
  * rp: their starts, rowoff: their offsets from w; packed: a group of
@@ -899,7 +905,6 @@ SBX_ALWAYS void xs_prepare(const uint8_t *x, int64_t nb, uint8_t *dst) {
 SBX_ALWAYS void xs_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t *w, const uint8_t *const *rp,
                         vi rowoff, int rows, const uint8_t *x, size_t xs, const uint8_t *xc, size_t xcs, float *y,
                         size_t ldy, const uint8_t *pf) {
-    const vi m4 = vi_set1_8(0x0f);
     vf acc[QB_T];
     SBX_UNROLL for (int t = 0; t < T; t++)
         acc[t] = vf_zero();
@@ -935,10 +940,8 @@ SBX_ALWAYS void xs_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t
                     v[k] = vi_load_once(w + (size_t)b * XS_Q + 256 * (size_t)j + 64 * k);
             else
                 qb_transpose(rp, o + offsetof(sb_block_iq4_xs, qs) + 16 * (size_t)j, v);
-            SBX_UNROLL for (int k = 0; k < 4; k++) {
-                wq[k] = qb_iq4nl_lookup(vi_and(v[k], m4));
-                wq[4 + k] = qb_iq4nl_lookup(qb_high_nibbles(v[k], m4, gfni));
-            }
+            SBX_UNROLL for (int k = 0; k < 4; k++)
+                qb_nibble_pair(QB_IQ4_XS, v[k], gfni, &wq[k], &wq[4 + k]);
             SBX_UNROLL for (int t = 0; t < T; t++) {
                 const uint8_t *xt = x + t * xs + (size_t)b * sizeof(sb_block_q8_K) + offsetof(sb_block_q8_K, qs) + 32 * j;
                 vi s = vi_set1_32(load_i32(xc + t * xcs + (size_t)b * qb_xb(QB_IQ4_XS) + 4 + 4 * j));
@@ -1057,7 +1060,6 @@ SBX_ALWAYS void qb_tile_pair(qbf f, bool gfni, int T, int64_t nb, const uint8_t 
                              size_t xs, const uint8_t *xc, size_t xcs, float *y, size_t ldy, const uint8_t *pf) {
     const size_t qb = qb_packed_q(f), group = (size_t)QB_R * ws;
     const int nv = qb_nibbles(f) ? 4 : 8; /* packed quant vectors a block */
-    const vi m4 = vi_set1_8(0x0f);
     vf acc[2][QB_PAIR_T];
     SBX_UNROLL for (int g = 0; g < 2; g++)
         SBX_UNROLL for (int t = 0; t < T; t++)
@@ -1072,12 +1074,9 @@ SBX_ALWAYS void qb_tile_pair(qbf f, bool gfni, int T, int64_t nb, const uint8_t 
             vi lo[2], hi[2];
             SBX_UNROLL for (int g = 0; g < 2; g++) {
                 const vi v = vi_load_once(w + g * group + (size_t)b * qb + 64 * k);
-                lo[g] = qb_nibbles(f) ? vi_and(v, m4) : v;
-                hi[g] = qb_nibbles(f) ? qb_high_nibbles(v, m4, gfni) : v;
-                if (f == QB_IQ4_NL) {
-                    lo[g] = qb_iq4nl_lookup(lo[g]);
-                    hi[g] = qb_iq4nl_lookup(hi[g]);
-                }
+                lo[g] = hi[g] = v;
+                if (qb_nibbles(f))
+                    qb_nibble_pair(f, v, gfni, &lo[g], &hi[g]);
             }
             SBX_UNROLL for (int t = 0; t < T; t++) {
                 const uint8_t *xt = x + t * xs + (size_t)b * sizeof(sb_block_q8_0) + 2;
@@ -1196,8 +1195,7 @@ SBX_ALWAYS void qb_gemm(qbf f, int64_t n, const void *wv, size_t ws, int64_t nr,
     for (int64_t t0 = 0; t0 < nt; t0 += group) {
         const int64_t g = nt - t0 < group ? nt - t0 : group;
         for (int64_t t = 0; t < g; t++)
-            f == QB_IQ4_XS ? xs_prepare(x + (size_t)(t0 + t) * xs, nb, xc + (size_t)t * xcs)
-                           : qb_prepare(f, x + (size_t)(t0 + t) * xs, nb, xc + (size_t)t * xcs);
+            qb_prepare(f, x + (size_t)(t0 + t) * xs, nb, xc + (size_t)t * xcs);
         qb_tiles(f, false, false, nb, w, ws, nr, x + (size_t)t0 * xs, xs, xc, xcs, g, y + (size_t)t0 * ldy, ldy);
     }
 }
@@ -1233,6 +1231,10 @@ SBX_ALWAYS void qb_packed(qbf f, bool gfni, int64_t n, const void *w, size_t ws,
  * 16 * 20 = 256 + 64, 16 * 22 = 320 + 32, 16 * 24 = 320 + 64, 16 * 34 =
  * 512 + 32. */
 SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t n_out) {
+    if (f == QB_IQ4_XS) {
+        xs_pack(src, dst, n_in, n_out);
+        return;
+    }
     const int64_t nb = n_in / SB_QK;
     const size_t row = (size_t)nb * qb_wsize(f), qb = qb_packed_q(f);
     const uint8_t *rp[QB_R];
@@ -1268,6 +1270,10 @@ SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t
  * its scale (and min), the qh of Q5_0 and Q5_1, then its quant dwords from
  * the block's vectors (Q8_0's sign bits flipped back). */
 SBX_ALWAYS void qb_row_block(qbf f, const void *group, int64_t n_in, int r, int64_t b, void *dst) {
+    if (f == QB_IQ4_XS) {
+        xs_row_block(group, n_in, r, b, dst);
+        return;
+    }
     const int64_t nb = n_in / SB_QK;
     const size_t qb = qb_packed_q(f), nq = f == QB_Q8_0 ? 8 : 4; /* quant vectors a block */
     const uint8_t *g = group, *blk = g + (size_t)b * qb + 4 * (size_t)r;
@@ -1296,13 +1302,13 @@ SBX_ALWAYS void qb_row_block(qbf f, const void *group, int64_t n_in, int r, int6
         qb_packed(f, true, n, w, ws, nr, x, xs, nt, y, ldy);                                                     \
     }                                                                                                             \
     static void qb_terms_##name(const void *x, int64_t n, void *dst) {                                          \
-        f == QB_IQ4_XS ? xs_prepare(x, n / SB_QK_K, dst) : qb_prepare(f, x, n / SB_QK, dst);                      \
+        qb_prepare(f, x, n / qb_blck(f), dst);                                                                    \
     }                                                                                                             \
     static void pack_##name(const void *src, void *dst, int64_t n_in, int64_t n_out) {                          \
-        f == QB_IQ4_XS ? xs_pack(src, dst, n_in, n_out) : qb_pack(f, src, dst, n_in, n_out);                      \
+        qb_pack(f, src, dst, n_in, n_out);                                                                        \
     }                                                                                                             \
     static void row_block_##name(const void *group, int64_t n_in, int r, int64_t b, void *dst) {                \
-        f == QB_IQ4_XS ? xs_row_block(group, n_in, r, b, dst) : qb_row_block(f, group, n_in, r, b, dst);          \
+        qb_row_block(f, group, n_in, r, b, dst);                                                                  \
     }                                                                                                             \
     static sb_packing packing_##name(bool gfni) {                                                                 \
         return (sb_packing){.rows = QB_R,                                                                         \
