@@ -25,30 +25,34 @@ const int8_t sb__iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1
 
 /* ---- the scale search ----------------------------------------------------- */
 
-/* The index of the value nearest v (the upper on a tie), by bisection. */
-static int nearest_value(float v) {
-    const int8_t *val = sb__iq4nl_values;
-    if (v <= val[0])
-        return 0;
-    if (v >= val[15])
-        return 15;
-    int lo = 0, hi = 15;
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (v < val[mid])
-            hi = mid;
-        else
-            lo = mid;
+/* The values as floats, for the comparisons below. */
+static const float values_f[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* For each of 32 elements, the index of the value nearest id x (the upper
+ * on a tie). ggml bisects to the two values around v and compares v - lo <
+ * hi - v; that test is false for every pair below v and true for every
+ * pair above, so the index is the count of pairs where it is false - the
+ * same float comparisons, without the branches, which the compiler
+ * vectorizes (the bisection's mispredicted branches made the IQ4 quantizers
+ * 1.5x slower than llama.cpp's). */
+static void nearest_values(const float *x, float id, uint8_t l[SB_QK]) {
+    for (int e = 0; e < SB_QK; e++) {
+        const float v = id * x[e];
+        int n = 0;
+        for (int k = 0; k < 15; k++)
+            n += !(v - values_f[k] < values_f[k + 1] - v);
+        l[e] = (uint8_t)n;
     }
-    return v - val[hi - 1] < val[hi] - v ? hi - 1 : hi;
 }
 
 /* The weighted sums that rate the inverse scale id for 32 elements:
  * sum(w q x) and sum(w q^2), q the nearest value of id x, w = x^2. */
 static void fit(const float *x, float id, float *sumqx, float *sumq2) {
+    uint8_t l[SB_QK];
+    nearest_values(x, id, l);
     float qx = 0.0f, q2 = 0.0f;
     for (int e = 0; e < SB_QK; e++) {
-        const float q = sb__iq4nl_values[nearest_value(id * x[e])], w = x[e] * x[e];
+        const float q = sb__iq4nl_values[l[e]], w = x[e] * x[e];
         qx += w * q * x[e];
         q2 += w * q * q;
     }
@@ -86,8 +90,7 @@ static float group_scale(const float *x) {
  * element e < 16 in the low nibble of byte e, 16 + e in its high one. */
 static void store_nibbles(const float *x, float id, uint8_t *qs) {
     uint8_t l[SB_QK];
-    for (int e = 0; e < SB_QK; e++)
-        l[e] = (uint8_t)nearest_value(id * x[e]);
+    nearest_values(x, id, l);
     for (int j = 0; j < SB_QK / 2; j++)
         qs[j] = (uint8_t)(l[j] | l[j + SB_QK / 2] << 4);
 }

@@ -6,7 +6,8 @@
  * llama_model_quantize_impl for dense llama-style models without an
  * importance matrix (its defaults: no pure mode, output quantized, no type
  * overrides). Left out, because nothing here writes them: mixture-of-experts
- * and 70B special cases, the IQ and TQ types, the _s/_l variants.
+ * and 70B special cases, the IQ types but IQ4_NL and IQ4_XS (the two that
+ * need no importance matrix), the TQ types, the _s/_l variants.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,7 @@ static const sb_quant_ftype ftypes[] = {
     {"q4_0", 2, SB_TYPE_Q4_0},    {"q4_1", 3, SB_TYPE_Q4_1},    {"q8_0", 7, SB_TYPE_Q8_0},
     {"q5_0", 8, SB_TYPE_Q5_0},    {"q5_1", 9, SB_TYPE_Q5_1},    {"q2_k", 10, SB_TYPE_Q2_K},
     {"q3_k_m", 12, SB_TYPE_Q3_K}, {"q4_k_m", 15, SB_TYPE_Q4_K}, {"q5_k_m", 17, SB_TYPE_Q5_K},
-    {"q6_k", 18, SB_TYPE_Q6_K},
+    {"q6_k", 18, SB_TYPE_Q6_K},   {"iq4_nl", 25, SB_TYPE_IQ4_NL}, {"iq4_xs", 30, SB_TYPE_IQ4_XS},
 };
 
 const sb_quant_ftype *sb_quant_ftype_find(const char *name) {
@@ -35,7 +36,8 @@ const sb_quant_ftype *sb_quant_ftype_find(const char *name) {
 }
 
 const char *sb_quant_ftype_names(void) {
-    return "q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_m (q3_k), q4_k_m (q4_k), q5_k_m (q5_k), q6_k";
+    return "q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_m (q3_k), q4_k_m (q4_k), q5_k_m (q5_k), q6_k, iq4_nl, "
+           "iq4_xs";
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -52,6 +54,7 @@ static bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || 
 /* llama_tensor_get_type, for the file types of the table. */
 static sb_type tensor_type(sb_quant_plan *p, const char *name, const int64_t *ne) {
     const uint32_t ft = p->ft->ftype;
+    const bool iq4 = ft == 25 || ft == 30; /* IQ4_NL, IQ4_XS */
     sb_type t = p->ft->type;
     const bool is_output = strcmp(name, "output.weight") == 0 || (!p->has_output && strcmp(name, "token_embd.weight") == 0);
     if (is_output) {
@@ -64,6 +67,8 @@ static sb_type tensor_type(sb_quant_plan *p, const char *name, const int64_t *ne
             t = p->n_gqa >= 4 ? SB_TYPE_Q4_K : SB_TYPE_Q3_K;
         else if (ft == 12) /* Q3_K_M */
             t = p->i_attn_v < 2 ? SB_TYPE_Q5_K : SB_TYPE_Q4_K;
+        else if (iq4 && p->n_gqa >= 4)
+            t = SB_TYPE_Q5_K;
         else if ((ft == 15 || ft == 17) && use_more_bits(p->i_attn_v, p->n_attn_v))
             t = SB_TYPE_Q6_K;
         p->i_attn_v++;
@@ -75,6 +80,8 @@ static sb_type tensor_type(sb_quant_plan *p, const char *name, const int64_t *ne
             t = i < n / 16 ? SB_TYPE_Q5_K : SB_TYPE_Q4_K;
         else if ((ft == 15 || ft == 17) && use_more_bits(i, n))
             t = SB_TYPE_Q6_K;
+        else if (iq4 && i < n / 8)
+            t = SB_TYPE_Q5_K;
         p->i_ffn_down++;
     } else if (has(name, "attn_output.weight")) {
         if (ft == 10)
@@ -107,6 +114,7 @@ void sb_quant_choose(sb_quant_plan *p, const char *name, uint32_t n_dims, const 
         case SB_TYPE_Q4_K: t = SB_TYPE_Q5_0; break;
         case SB_TYPE_Q5_K: t = SB_TYPE_Q5_1; break;
         case SB_TYPE_Q6_K: t = SB_TYPE_Q8_0; break;
+        case SB_TYPE_IQ4_XS: t = SB_TYPE_IQ4_NL; break;
         /* IQ4_NL before llama.cpp's quantizer changed it (files made
          * then have it; switchboard runs them) */
         case SB_TYPE_Q2_K:

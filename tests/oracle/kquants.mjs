@@ -6,7 +6,10 @@
 //      own llama_model_quantize (bench/llamacpp/quantize.c, compiled here) and
 //      by switchboard; every tensor's type and bytes, general.file_type and
 //      general.quantization_version must be equal (stories260K's q2_k and
-//      q3_k_m fall back to q4_0: its rows are not a multiple of 256);
+//      q3_k_m fall back to q4_0, its iq4_xs to iq4_nl: its rows are not a
+//      multiple of 256); a model with 4 query heads per KV head and 8 layers
+//      takes the rules that depend on them (q2_k's and the iq4 types' attn_v,
+//      the iq4 types' first ffn_down);
 //   2. the Q4_K_M, Q5_K_M and Q6_K files made by llama.cpp (two Q4_K_M ones of models whose
 //      output is their embedding table: a Q6_K table, and a Q8_0 one with Q5_0 layers), and an
 //      IQ4_NL one (which its quantizer wrote for the Q2_K and Q3_K matrices whose rows are not a
@@ -35,7 +38,7 @@ if (!bin || !shared || !logprobs) {
 const repo = join(dirname(fileURLToPath(import.meta.url)), '../..');
 const libllama = process.env.SB_LIBLLAMA ||
                  join(repo, 'node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.4.0.so');
-const types = ['q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1', 'q2_k', 'q3_k_m', 'q4_k_m', 'q5_k_m', 'q6_k'];
+const types = ['q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1', 'q2_k', 'q3_k_m', 'q4_k_m', 'q5_k_m', 'q6_k', 'iq4_nl', 'iq4_xs'];
 const dir = mkdtempSync(join(tmpdir(), 'sb-kquants-'));
 // On every exit, a failed check's or a thrown error's as well.
 process.on('exit', () => rmSync(dir, {recursive: true, force: true}));
@@ -96,21 +99,34 @@ execFileSync(bin, ['gen-model', '--out', gen, '--type', 'f16', '--vocab-from', j
 const inputs = [['gen-f16', gen], ['stories260K', join(shared, 'models/stories260K.gguf')]];
 const made = {};
 let tOurs = 0, tTheirs = 0;
-for (const [label, input] of inputs)
-    for (const type of types) {
-        const theirs = join(dir, `${label}-${type}-llama.gguf`), ours = join(dir, `${label}-${type}-sb.gguf`);
-        const l = timed(quantizer, [libllama, input, theirs, type, '2']);
-        const s = timed(bin, ['quantize', input, ours, type, '--threads', '2']);
-        tTheirs += l.secs;
-        tOurs += s.secs;
-        if (l.status !== 0 || s.status !== 0) {
-            check(false, `${label} ${type}: llama.cpp exit ${l.status}, switchboard exit ${s.status}\n${l.stderr}${s.stderr}`);
-            continue;
-        }
-        compare(`${label} ${type}`, ours, theirs);
-        made[`${label}-${type}`] = theirs;
+// `input` quantized to `type` by both, compared; llama.cpp's file (in made), or null.
+const quantizeBoth = (label, input, type) => {
+    const theirs = join(dir, `${label}-${type}-llama.gguf`), ours = join(dir, `${label}-${type}-sb.gguf`);
+    const l = timed(quantizer, [libllama, input, theirs, type, '2']);
+    const s = timed(bin, ['quantize', input, ours, type, '--threads', '2']);
+    tTheirs += l.secs;
+    tOurs += s.secs;
+    if (l.status !== 0 || s.status !== 0) {
+        check(false, `${label} ${type}: llama.cpp exit ${l.status}, switchboard exit ${s.status}\n${l.stderr}${s.stderr}`);
+        return null;
     }
-console.log(`quantizing time, all files: switchboard ${tOurs.toFixed(2)} s, llama.cpp ${tTheirs.toFixed(2)} s (2 threads each, process start included)`);
+    compare(`${label} ${type}`, ours, theirs);
+    return (made[`${label}-${type}`] = theirs);
+};
+for (const [label, input] of inputs)
+    for (const type of types)
+        quantizeBoth(label, input, type);
+// 8 query heads on 2 KV heads, 8 layers: q2_k's attn_v q4_K (q3_K below 4 heads per KV head), the
+// iq4 types' attn_v and first ffn_down q5_K.
+const gqa = join(dir, 'gen-gqa4-f16.gguf');
+execFileSync(bin, ['gen-model', '--out', gqa, '--type', 'f16', '--vocab-from', join(shared, 'models/llama2-vocab-tiny-random.gguf'),
+                   '--dim', '256', '--hidden', '512', '--layers', '8', '--heads', '8', '--kv-heads', '2', '--ctx', '256',
+                   '--seed', '19']);
+for (const [type, bumped, n] of [['q2_k', 'q4_K', 8], ['iq4_nl', 'q5_K', 9], ['iq4_xs', 'q5_K', 9]]) {
+    const theirs = quantizeBoth('gen-gqa4', gqa, type);
+    const got = theirs ? Object.values(readGguf(theirs).tensors).filter((x) => x.type === bumped).length : 0;
+    check(got === n, `gen-gqa4 ${type}: ${got} ${bumped} matrices (${n} expected)`);
+}
 
 // Models whose output matrix is their embedding table (gemma2's files have no output.weight, as
 // Llama 3.2 1B's and Qwen2.5's small ones), which switchboard packs for the output product and
@@ -122,21 +138,16 @@ for (const [dim, type, fallback] of [[256, 'q4_k_m', null], [288, 'q4_k_m', 'q5_
     execFileSync(bin, ['gen-model', '--out', tiedIn, '--type', 'f16', '--arch', 'gemma2', '--vocab-from',
                        join(shared, 'models/llama2-vocab-tiny-random.gguf'), '--dim', String(dim), '--hidden', '512',
                        '--layers', '4', '--heads', '4', '--kv-heads', '2', '--ctx', '256', '--seed', '17']);
-    const theirs = join(dir, `${label}-${type}-llama.gguf`), ours = join(dir, `${label}-${type}-sb.gguf`);
-    const l = timed(quantizer, [libllama, tiedIn, theirs, type, '2']);
-    const s = timed(bin, ['quantize', tiedIn, ours, type, '--threads', '2']);
-    if (l.status !== 0 || s.status !== 0) {
-        check(false, `${label} ${type}: llama.cpp exit ${l.status}, switchboard exit ${s.status}\n${l.stderr}${s.stderr}`);
+    const theirs = quantizeBoth(label, tiedIn, type);
+    if (!theirs)
         continue;
-    }
-    compare(`${label} ${type}`, ours, theirs);
     const t = readGguf(theirs).tensors, table = fallback ? 'q8_0' : 'q6_K';
     const n = Object.values(t).filter((x) => x.type === fallback).length;
     check(t['token_embd.weight']?.type === table && !t['output.weight'] && (!fallback || n > 0),
           `${label} ${type}: token_embd.weight ${t['token_embd.weight']?.type} (${table} expected), ` +
           `no output.weight` + (fallback ? `, ${n} ${fallback} matrices` : ''));
-    made[`${label}-${type}`] = theirs;
 }
+console.log(`quantizing time, all files: switchboard ${tOurs.toFixed(2)} s, llama.cpp ${tTheirs.toFixed(2)} s (2 threads each, process start included)`);
 
 // Refusals: an already-quantized input, a missing or unknown type.
 {
@@ -173,16 +184,6 @@ function tieGap(model, ids, a, b) {
 const llama = await getLlama({gpu: false, logLevel: LlamaLogLevel.error, build: 'never'});
 const prompts = ['Once upon a time', 'The capital of France is'];
 const N = 32, MIN_SAME = 8;
-// IQ4_NL and IQ4_XS files (llama.cpp's quantizer only: switchboard's does not write the IQ file types).
-for (const type of ['iq4_nl', 'iq4_xs']) {
-    const file = join(dir, `gen-f16-${type}-llama.gguf`);
-    const l = timed(quantizer, [libllama, gen, file, type, '2']);
-    const n = l.status === 0 ? Object.values(readGguf(file).tensors).filter((x) => x.type === type).length : 0;
-    check(n > 0, `gen-f16 ${type} by llama.cpp: ${n} ${type} matrices` + (l.status ? `\n${l.stderr}` : ''));
-    if (n > 0)
-        made[`gen-f16-${type}`] = file;
-}
-
 const kfiles = [...['q4_k_m', 'q5_k_m', 'q6_k', 'iq4_nl', 'iq4_xs'].map((t) => `gen-f16-${t}`), 'gen-tied256-q4_k_m',
                 'gen-tied288-q4_k_m', 'gen-tied288-q3_k_m']
                    .map((k) => made[k]).filter(Boolean);
