@@ -441,7 +441,8 @@ SBX_ALWAYS bool fs_gemm(fmt f, int64_t n, const uint8_t *w, size_t ws, int64_t n
  * multiply-adds of those vectors with its activation bytes 4k..4k+3
  * broadcast, then one conversion, one scale product and one fma for all QB_R
  * rows. The transposition serves up to QB_T tokens, so one token (decode)
- * and many (batches, prompts) share the code.
+ * and many (batches, prompts) share the code; matrices whose row count is
+ * a multiple of QB_R are transposed once, at load (qb_pack), at both levels.
  *
  * The quants are taken unsigned and the bias folded into the integer sum's
  * starting value, -bias * (sum of the token's 32 quants), exact: Q4_0's
@@ -771,32 +772,35 @@ SBX_ALWAYS void qb_nibble_pair(qbf f, vi v, bool gfni, vi *lo, vi *hi) {
  * other; not at all, the loads of QB_R interleaved short rows from DRAM
  * wait on every line).
  *
- * packed (AVX-512): w is a group of qb_pack's layout, which holds each
- * block's transposed quants (qb_packed_q bytes: the 4 vectors of nibble
- * pairs of Q4_0 and Q4_1, Q5_0's and Q5_1's followed by their rows' qh
- * dwords, Q8_0's 8 vectors of flipped bytes) and then, for all blocks, the
- * 16 scales and with a min the 16 mins (qb_meta bytes per block); the
- * per-block transposition and gather (about a fifth of the vector work at
- * 8 tokens) are done once, at load. gfni: see qb_high_nibbles. */
-SBX_ALWAYS size_t qb_packed_q(qbf f) { return f == QB_Q8_0 ? 512 : qb_five(f) ? 320 : 256; }
-SBX_ALWAYS size_t qb_meta(qbf f) { return qb_min(f) ? 64 : 32; }
+ * packed: w is a group of qb_pack's layout, which holds each block's
+ * transposed quants (qb_packed_q bytes: the 4 vectors of nibble pairs of
+ * Q4_0 and Q4_1, Q5_0's and Q5_1's followed by their rows' qh dwords,
+ * Q8_0's 8 vectors, on AVX-512 of flipped bytes) and then, for all blocks,
+ * the QB_R scales and with a min the QB_R mins (qb_meta bytes per block);
+ * the per-block transposition and gather (about a fifth of the vector work
+ * at 8 tokens with AVX-512, a quarter with AVX2) are done once, at load.
+ * gfni: see qb_high_nibbles. */
+SBX_ALWAYS size_t qb_packed_q(qbf f) { return (f == QB_Q8_0 ? 8 : qb_five(f) ? 5 : 4) * sizeof(vi); }
+SBX_ALWAYS size_t qb_meta(qbf f) { return (qb_min(f) ? 4 : 2) * QB_R; }
 
-#if SBX_AVX512
 /* Block b of the packed group at pf (its nb blocks of qb quant bytes, then
  * the meta) asked for: its quants, and the meta's line where the block's
- * meta starts one (every other block without a min). */
+ * meta starts one. */
 SBX_ALWAYS void qb_prefetch_packed(qbf f, const uint8_t *pf, int64_t b, int64_t nb, size_t qb) {
     prefetch_ahead(pf + (size_t)b * qb, qb);
-    if (qb_min(f) || b % 2 == 0)
+    if ((size_t)b * qb_meta(f) % 64 < qb_meta(f))
         prefetch_ahead(pf + (size_t)nb * qb + (size_t)b * qb_meta(f), 64);
 }
 
 /* The QB_R rows' d_w (min: m_w, after them) of block b of the packed group at w. */
 SBX_ALWAYS vf qb_packed_scales(qbf f, const uint8_t *w, int64_t b, int64_t nb, size_t qb, bool min) {
-    const uint8_t *p = w + (size_t)nb * qb + (size_t)b * qb_meta(f) + (min ? 32 : 0);
+    const uint8_t *p = w + (size_t)nb * qb + (size_t)b * qb_meta(f) + (min ? 2 * QB_R : 0);
+#if SBX_AVX512
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
+#else
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 #endif
+}
 
 /* A token's block sum starts from its prepared starting value (xct: the
  * token's terms). */
@@ -827,27 +831,21 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
     const size_t o = (size_t)b * qb_wsize(f);
     vi v[8], qh = vi_set1_32(0);
     vf dw;
-#if SBX_AVX512
     if (packed) {
         const size_t qb = qb_packed_q(f);
         if (pf)
             qb_prefetch_packed(f, pf, b, nb, qb);
         SBX_UNROLL for (int j = 0; j < 4; j++)
-            v[j] = vi_load_once(w + (size_t)b * qb + 64 * j);
+            v[j] = vi_load_once(w + (size_t)b * qb + sizeof(vi) * j);
         if (f == QB_Q8_0)
             SBX_UNROLL for (int j = 4; j < 8; j++)
-                v[j] = vi_loadu(w + (size_t)b * qb + 64 * j);
+                v[j] = vi_loadu(w + (size_t)b * qb + sizeof(vi) * j);
         if (qb_five(f))
-            qh = vi_loadu(w + (size_t)b * qb + 256);
+            qh = vi_loadu(w + (size_t)b * qb + 4 * sizeof(vi));
         dw = qb_packed_scales(f, w, b, nb, qb, false);
         if (qb_min(f))
             *mw = qb_packed_scales(f, w, b, nb, qb, true);
-    } else
-#else
-    (void)packed;
-    (void)nb;
-#endif
-    {
+    } else {
         if (pf)
             prefetch_ahead(pf + (size_t)b * QB_R * qb_wsize(f), QB_R * qb_wsize(f));
         qb_transpose(rp, o + qb_qs(f), v);
@@ -891,13 +889,13 @@ SBX_ALWAYS void qb_store_rows(float *y, vf acc, int rows) {
  * row as for Q4_0, each sub-block's 16 quant bytes transposed as Q4_0's
  * block (4 vectors), its values looked up as IQ4_NL's, and the rows' d,
  * scales_h (one dword: d low) and scales_l (sub-block j's nibble at bits
- * 4j) gathered per block. Packed (AVX-512), a group of QB_R rows holds per
- * block the 8 sub-blocks' transposed vectors, then for all blocks those
- * two dwords of every row: 16 * 136 = 2048 + 128 bytes, the rows' own.
+ * 4j) gathered per block. Packed, a group of QB_R rows holds per block
+ * the 8 sub-blocks' transposed vectors, then for all blocks those two
+ * dwords of every row: per row 136 = 128 + 8 bytes, the rows' own.
  * Each sub-block's chain starts from -bias times its activations' sum
  * (qb_prepare's, with d_x), the bias qb_bias's. */
-#define XS_Q (8 * 4 * 64) /* packed quant bytes per block */
-#define XS_META 128
+#define XS_Q (8 * 4 * sizeof(vi)) /* packed quant bytes per block */
+#define XS_META (8 * QB_R)
 
 /* T tokens against QB_R rows from w (rows past `rows` repeat the last;
  * rp: their starts, rowoff: their offsets from w; packed: a group of
@@ -937,7 +935,7 @@ SBX_ALWAYS void xs_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t
             vi v[4], wq[8];
             if (packed)
                 SBX_UNROLL for (int k = 0; k < 4; k++)
-                    v[k] = vi_load_once(w + (size_t)b * XS_Q + 256 * (size_t)j + 64 * k);
+                    v[k] = vi_load_once(w + (size_t)b * XS_Q + 4 * sizeof(vi) * (size_t)j + sizeof(vi) * k);
             else
                 qb_transpose(rp, o + offsetof(sb_block_iq4_xs, qs) + 16 * (size_t)j, v);
             SBX_UNROLL for (int k = 0; k < 4; k++)
@@ -960,7 +958,6 @@ SBX_ALWAYS void xs_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t
         qb_store_rows(y + (size_t)t * ldy, acc[t], rows);
 }
 
-#if SBX_AVX512
 /* Packs groups of QB_R rows in place of the rows (see xs_tile). */
 SBX_ALWAYS void xs_pack(const void *src, void *dst, int64_t n_in, int64_t n_out) {
     const int64_t nb = n_in / SB_QK_K;
@@ -976,11 +973,11 @@ SBX_ALWAYS void xs_pack(const void *src, void *dst, int64_t n_in, int64_t n_out)
                 vi v[4];
                 qb_transpose(rp, o + offsetof(sb_block_iq4_xs, qs) + 16 * (size_t)j, v);
                 for (int k = 0; k < 4; k++)
-                    _mm512_storeu_si512(out + (size_t)b * XS_Q + 256 * (size_t)j + 64 * k, v[k]);
+                    vi_storeu(out + (size_t)b * XS_Q + 4 * sizeof(vi) * (size_t)j + sizeof(vi) * k, v[k]);
             }
             uint8_t *meta = out + (size_t)nb * XS_Q + (size_t)b * XS_META;
-            _mm512_storeu_si512(meta, _mm512_i32gather_epi32(rowoff, in + o, 1));
-            _mm512_storeu_si512(meta + 64, _mm512_i32gather_epi32(rowoff, in + o + offsetof(sb_block_iq4_xs, scales_l), 1));
+            vi_storeu(meta, qb_gather(in + o, rowoff));
+            vi_storeu(meta + XS_META / 2, qb_gather(in + o + offsetof(sb_block_iq4_xs, scales_l), rowoff));
         }
     }
 }
@@ -991,12 +988,12 @@ SBX_ALWAYS void xs_row_block(const void *group, int64_t n_in, int r, int64_t b, 
     const uint8_t *g = group, *meta = g + (size_t)nb * XS_Q + (size_t)b * XS_META;
     uint8_t *out = dst;
     memcpy(out, meta + 4 * (size_t)r, 4); /* d, scales_h */
-    memcpy(out + offsetof(sb_block_iq4_xs, scales_l), meta + 64 + 4 * (size_t)r, 4);
+    memcpy(out + offsetof(sb_block_iq4_xs, scales_l), meta + XS_META / 2 + 4 * (size_t)r, 4);
     for (int j = 0; j < 8; j++)
         for (int k = 0; k < 4; k++)
-            memcpy(out + offsetof(sb_block_iq4_xs, qs) + 16 * j + 4 * k, g + (size_t)b * XS_Q + 256 * j + 64 * k + 4 * r, 4);
+            memcpy(out + offsetof(sb_block_iq4_xs, qs) + 16 * j + 4 * k,
+                   g + (size_t)b * XS_Q + 4 * sizeof(vi) * j + sizeof(vi) * k + 4 * r, 4);
 }
-#endif
 
 SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const uint8_t *w, size_t ws, int rows,
                         const uint8_t *x, size_t xs, const uint8_t *xc, size_t xcs, float *y, size_t ldy,
@@ -1214,7 +1211,6 @@ QB_GEMM(iq4_nl, QB_IQ4_NL)
 QB_GEMM(iq4_xs, QB_IQ4_XS)
 #undef QB_GEMM
 
-#if SBX_AVX512
 /* Packed rows: every activation row carries its terms after its blocks
  * (qb_terms_*, once per call), so a chunk of rows starts computing at once. */
 SBX_ALWAYS void qb_packed(qbf f, bool gfni, int64_t n, const void *w, size_t ws, int64_t nr, const void *xv,
@@ -1224,12 +1220,12 @@ SBX_ALWAYS void qb_packed(qbf f, bool gfni, int64_t n, const void *w, size_t ws,
     qb_tiles(f, true, gfni, nb, w, ws, nr, x, xs, x + (size_t)nb * qb_xsize(f), xs, nt, y, ldy);
 }
 
-/* Groups of 16 rows: per block the vectors qb_transpose makes (dword j of
- * row r at byte 64j + 4r; Q5_0's and Q5_1's then followed by their rows' qh
- * dwords, Q8_0's with their sign bits flipped), then all blocks' 16 F16
- * scales (and 16 mins). The same bytes as the rows: 16 * 18 = 256 + 32,
- * 16 * 20 = 256 + 64, 16 * 22 = 320 + 32, 16 * 24 = 320 + 64, 16 * 34 =
- * 512 + 32. */
+/* Groups of QB_R rows: per block the vectors qb_transpose makes (dword j
+ * of row r at byte j * sizeof(vi) + 4r; Q5_0's and Q5_1's then followed by
+ * their rows' qh dwords, Q8_0's on AVX-512 with their sign bits flipped),
+ * then all blocks' QB_R F16 scales (and QB_R mins). The same bytes as the
+ * rows: per row 18 = 16 + 2, 20 = 16 + 4, 22 = 20 + 2, 24 = 20 + 4, 34 =
+ * 32 + 2. */
 SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t n_out) {
     if (f == QB_IQ4_XS) {
         xs_pack(src, dst, n_in, n_out);
@@ -1250,17 +1246,20 @@ SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t
                 v[4] = qb_gather(in + o + qb_qh(f), rowoff);
             if (f == QB_Q8_0) {
                 qb_transpose(rp, o + 18, v + 4);
+#if SBX_AVX512
                 for (int j = 0; j < 8; j++)
                     v[j] = _mm512_xor_si512(v[j], vi_set1_8((char)0x80));
+#endif
             }
-            for (size_t j = 0; j < qb / 64; j++)
-                _mm512_storeu_si512(out + (size_t)b * qb + 64 * j, v[j]);
-            /* d (and m) in each row's first dword */
-            const __m512i dm = _mm512_i32gather_epi32(rowoff, in + o, 1);
+            for (size_t j = 0; j < qb / sizeof(vi); j++)
+                vi_storeu(out + (size_t)b * qb + sizeof(vi) * j, v[j]);
+            /* d (and m): the first two halves of each row's block */
             uint8_t *mb = meta + (size_t)b * qb_meta(f);
-            _mm256_storeu_si256((__m256i *)mb, _mm512_cvtepi32_epi16(dm));
-            if (qb_min(f))
-                _mm256_storeu_si256((__m256i *)(mb + 32), _mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+            for (int r = 0; r < QB_R; r++) {
+                memcpy(mb + 2 * r, rp[r] + o, 2);
+                if (qb_min(f))
+                    memcpy(mb + 2 * (QB_R + r), rp[r] + o + 2, 2);
+            }
         }
     }
 }
@@ -1281,12 +1280,12 @@ SBX_ALWAYS void qb_row_block(qbf f, const void *group, int64_t n_in, int r, int6
     uint8_t *out = dst;
     memcpy(out, mb, 2);
     if (qb_min(f))
-        memcpy(out + 2, mb + 32, 2);
+        memcpy(out + 2, mb + 2 * QB_R, 2);
     if (qb_five(f))
-        memcpy(out + qb_qh(f), blk + 64 * nq, 4);
+        memcpy(out + qb_qh(f), blk + sizeof(vi) * nq, 4);
     for (size_t j = 0; j < nq; j++)
         for (size_t c = 0; c < 4; c++)
-            out[qb_qs(f) + 4 * j + c] = blk[64 * j + c] ^ (f == QB_Q8_0 ? 0x80 : 0);
+            out[qb_qs(f) + 4 * j + c] = blk[sizeof(vi) * j + c] ^ (f == QB_Q8_0 && SBX_AVX512 ? 0x80 : 0);
 }
 
 /* The packing entries of the formats, and gemms that unpack high nibbles
@@ -1326,7 +1325,6 @@ QB_ENTRIES(q8_0, QB_Q8_0)
 QB_ENTRIES(iq4_nl, QB_IQ4_NL)
 QB_ENTRIES(iq4_xs, QB_IQ4_XS)
 #undef QB_ENTRIES
-#endif
 
 #include "tensor/x86/kquants-x86.h"
 
@@ -1695,7 +1693,6 @@ void SBX_FILL(sb_kernels *k) {
     k->gemm[SB_TYPE_F16] = gemm_f16;
     k->gemm[SB_TYPE_BF16] = gemm_bf16;
     k->gemm[SB_TYPE_Q4_0] = gemm_q4_0;
-#if SBX_AVX512
     k->packing[SB_TYPE_Q4_0] = packing_q4_0(k->gfni);
     k->packing[SB_TYPE_Q4_1] = packing_q4_1(k->gfni);
     k->packing[SB_TYPE_Q5_0] = packing_q5_0(k->gfni);
@@ -1703,7 +1700,6 @@ void SBX_FILL(sb_kernels *k) {
     k->packing[SB_TYPE_Q8_0] = packing_q8_0(k->gfni);
     k->packing[SB_TYPE_IQ4_NL] = packing_iq4_nl(k->gfni);
     k->packing[SB_TYPE_IQ4_XS] = packing_iq4_xs(k->gfni);
-#endif
     k->gemm[SB_TYPE_Q4_1] = gemm_q4_1;
     k->gemm[SB_TYPE_Q5_0] = gemm_q5_0;
     k->gemm[SB_TYPE_Q5_1] = gemm_q5_1;
