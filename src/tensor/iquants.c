@@ -25,9 +25,6 @@ const int8_t sb__iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1
 
 /* ---- the scale search ----------------------------------------------------- */
 
-/* The values as floats, for the comparisons below. */
-static const float values_f[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
 /* For each of 32 elements, the index of the value nearest id x (the upper
  * on a tie). ggml bisects to the two values around v and compares v - lo <
  * hi - v; that test is false for every pair below v and true for every
@@ -40,7 +37,7 @@ static void nearest_values(const float *x, float id, uint8_t l[SB_QK]) {
         const float v = id * x[e];
         int n = 0;
         for (int k = 0; k < 15; k++)
-            n += !(v - values_f[k] < values_f[k + 1] - v);
+            n += !(v - sb__iq4nl_values[k] < sb__iq4nl_values[k + 1] - v);
         l[e] = (uint8_t)n;
     }
 }
