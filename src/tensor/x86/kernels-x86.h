@@ -475,6 +475,9 @@ SBX_ALWAYS bool qb_nibbles(qbf f) { return f != QB_Q8_0; }
 /* Byte values that the products take signed (AVX2 has no unsigned product of them that cannot saturate). */
 SBX_ALWAYS bool qb_signed(qbf f) { return f == QB_Q8_0 || f == QB_IQ4_NL || f == QB_IQ4_XS; }
 SBX_ALWAYS int qb_bias(qbf f) { return f == QB_Q4_0 ? 8 : f == QB_Q5_0 ? 16 : qb_signed(f) && SBX_AVX512 ? 128 : 0; }
+/* What Q8_0's bytes are xor'ed with as the products take them: their sign
+ * bit flipped where the bias is 128 (AVX-512), nothing on AVX2. */
+SBX_ALWAYS uint8_t qb_flip(qbf f) { return f == QB_Q8_0 ? (uint8_t)qb_bias(f) : 0; }
 /* Where a weight block keeps its quant bytes and its qh. */
 SBX_ALWAYS size_t qb_qs(qbf f) {
     return f == QB_Q4_1 ? offsetof(sb_block_q4_1, qs)
@@ -502,6 +505,7 @@ typedef __m512i vi;
 #define vi_set1_8 _mm512_set1_epi8
 #define vi_loadu(p) _mm512_loadu_si512(p)
 #define vi_and _mm512_and_si512
+#define vi_xor _mm512_xor_si512
 #define vi_srli16 _mm512_srli_epi16
 #define vi_unpacklo32 _mm512_unpacklo_epi32
 #define vi_unpackhi32 _mm512_unpackhi_epi32
@@ -526,6 +530,7 @@ typedef __m256i vi;
 #define vi_set1_8 _mm256_set1_epi8
 #define vi_loadu(p) _mm256_loadu_si256((const __m256i *)(p))
 #define vi_and _mm256_and_si256
+#define vi_xor _mm256_xor_si256
 #define vi_srli16 _mm256_srli_epi16
 #define vi_unpacklo32 _mm256_unpacklo_epi32
 #define vi_unpackhi32 _mm256_unpackhi_epi32
@@ -865,11 +870,7 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
                 wq[j] = qb_fifth_bits(wq[j], qh, j);
     } else {
         SBX_UNROLL for (int k = 0; k < 8; k++)
-#if SBX_AVX512
-            wq[k] = packed ? v[k] : _mm512_xor_si512(v[k], vi_set1_8((char)0x80));
-#else
-            wq[k] = v[k];
-#endif
+            wq[k] = packed || !qb_flip(f) ? v[k] : vi_xor(v[k], vi_set1_8((char)qb_flip(f)));
     }
     return dw;
 }
@@ -896,6 +897,8 @@ SBX_ALWAYS void qb_store_rows(float *y, vf acc, int rows) {
  * (qb_prepare's, with d_x), the bias qb_bias's. */
 #define XS_Q (8 * 4 * sizeof(vi)) /* packed quant bytes per block */
 #define XS_META (8 * QB_R)
+/* Where block b's vector k of sub-block j starts in a packed group. */
+SBX_ALWAYS size_t xs_vec(int64_t b, int j, int k) { return (size_t)b * XS_Q + (4 * (size_t)j + (size_t)k) * sizeof(vi); }
 
 /* T tokens against QB_R rows from w (rows past `rows` repeat the last;
  * rp: their starts, rowoff: their offsets from w; packed: a group of
@@ -935,7 +938,7 @@ SBX_ALWAYS void xs_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t
             vi v[4], wq[8];
             if (packed)
                 SBX_UNROLL for (int k = 0; k < 4; k++)
-                    v[k] = vi_load_once(w + (size_t)b * XS_Q + 4 * sizeof(vi) * (size_t)j + sizeof(vi) * k);
+                    v[k] = vi_load_once(w + xs_vec(b, j, k));
             else
                 qb_transpose(rp, o + offsetof(sb_block_iq4_xs, qs) + 16 * (size_t)j, v);
             SBX_UNROLL for (int k = 0; k < 4; k++)
@@ -973,7 +976,7 @@ SBX_ALWAYS void xs_pack(const void *src, void *dst, int64_t n_in, int64_t n_out)
                 vi v[4];
                 qb_transpose(rp, o + offsetof(sb_block_iq4_xs, qs) + 16 * (size_t)j, v);
                 for (int k = 0; k < 4; k++)
-                    vi_storeu(out + (size_t)b * XS_Q + 4 * sizeof(vi) * (size_t)j + sizeof(vi) * k, v[k]);
+                    vi_storeu(out + xs_vec(b, j, k), v[k]);
             }
             uint8_t *meta = out + (size_t)nb * XS_Q + (size_t)b * XS_META;
             vi_storeu(meta, qb_gather(in + o, rowoff));
@@ -991,8 +994,7 @@ SBX_ALWAYS void xs_row_block(const void *group, int64_t n_in, int r, int64_t b, 
     memcpy(out + offsetof(sb_block_iq4_xs, scales_l), meta + XS_META / 2 + 4 * (size_t)r, 4);
     for (int j = 0; j < 8; j++)
         for (int k = 0; k < 4; k++)
-            memcpy(out + offsetof(sb_block_iq4_xs, qs) + 16 * j + 4 * k,
-                   g + (size_t)b * XS_Q + 4 * sizeof(vi) * j + sizeof(vi) * k + 4 * r, 4);
+            memcpy(out + offsetof(sb_block_iq4_xs, qs) + 16 * j + 4 * k, g + xs_vec(b, j, k) + 4 * (size_t)r, 4);
 }
 
 SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const uint8_t *w, size_t ws, int rows,
@@ -1244,13 +1246,11 @@ SBX_ALWAYS void qb_pack(qbf f, const void *src, void *dst, int64_t n_in, int64_t
             qb_transpose(rp, o + qb_qs(f), v);
             if (qb_five(f))
                 v[4] = qb_gather(in + o + qb_qh(f), rowoff);
-            if (f == QB_Q8_0) {
+            if (f == QB_Q8_0)
                 qb_transpose(rp, o + 18, v + 4);
-#if SBX_AVX512
+            if (qb_flip(f))
                 for (int j = 0; j < 8; j++)
-                    v[j] = _mm512_xor_si512(v[j], vi_set1_8((char)0x80));
-#endif
-            }
+                    v[j] = vi_xor(v[j], vi_set1_8((char)qb_flip(f)));
             for (size_t j = 0; j < qb / sizeof(vi); j++)
                 vi_storeu(out + (size_t)b * qb + sizeof(vi) * j, v[j]);
             /* d (and m): the first two halves of each row's block */
@@ -1285,7 +1285,7 @@ SBX_ALWAYS void qb_row_block(qbf f, const void *group, int64_t n_in, int r, int6
         memcpy(out + qb_qh(f), blk + sizeof(vi) * nq, 4);
     for (size_t j = 0; j < nq; j++)
         for (size_t c = 0; c < 4; c++)
-            out[qb_qs(f) + 4 * j + c] = blk[sizeof(vi) * j + c] ^ (f == QB_Q8_0 && SBX_AVX512 ? 0x80 : 0);
+            out[qb_qs(f) + 4 * j + c] = blk[sizeof(vi) * j + c] ^ qb_flip(f);
 }
 
 /* The packing entries of the formats, and gemms that unpack high nibbles
