@@ -18,6 +18,10 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /* ---- scalar level ------------------------------------------------------ */
 
@@ -123,6 +127,24 @@ static bool detect_gfni(void) {
     return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 8 & 1);
 }
 
+/* AMX-INT8 tiles: CPUID leaf 7 EDX bits 24 (AMX-TILE) and 25 (AMX-INT8),
+ * the OS saving the tile state (XCR0 bits 17, 18), and Linux's permission
+ * for this process to use it (arch_prctl ARCH_REQ_XCOMP_PERM, once; a
+ * kernel that refuses leaves the AVX-512 level). */
+static bool detect_amx(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1) || !(d >> 25 & 1))
+        return false;
+    if ((xgetbv0() & 0x60000) != 0x60000)
+        return false;
+#if defined(__linux__)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return false;
+#endif
+}
+
 static sb_cpu_level detect_level(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d))
@@ -139,7 +161,7 @@ static sb_cpu_level detect_level(void) {
     if (!avx2 || !fma || !f16c)
         return SB_CPU_SCALAR;
     if (f && bw && vl && vnni && (xcr0 & 0xe0) == 0xe0) /* opmask, ZMM0-15 upper halves, ZMM16-31 */
-        return SB_CPU_AVX512;
+        return detect_gfni() && detect_amx() ? SB_CPU_AMX : SB_CPU_AVX512;
     return SB_CPU_AVX2;
 }
 #else
@@ -153,7 +175,7 @@ static sb_kernels tables[SB_CPU_LEVEL_COUNT];
 static sb_cpu_level cpu_level;    /* best level this CPU runs */
 static sb_cpu_level active_level; /* cpu_level capped by SB_CPU */
 
-static const char *const level_names[SB_CPU_LEVEL_COUNT] = {"scalar", "avx2", "avx512"};
+static const char *const level_names[SB_CPU_LEVEL_COUNT] = {"scalar", "avx2", "avx512", "amx"};
 
 const char *sb_cpu_level_name(sb_cpu_level level) {
     return (int)level >= 0 && (int)level < SB_CPU_LEVEL_COUNT ? level_names[level] : "?";
@@ -174,6 +196,11 @@ static void init(void) {
         tables[SB_CPU_AVX512].gfni = detect_gfni();
         sb__kernels_fill_avx512(&tables[SB_CPU_AVX512]);
     }
+    if (cpu_level >= SB_CPU_AMX) {
+        tables[SB_CPU_AMX] = tables[SB_CPU_AVX512];
+        tables[SB_CPU_AMX].level = SB_CPU_AMX;
+        sb__kernels_fill_amx(&tables[SB_CPU_AMX]);
+    }
 #endif
     active_level = cpu_level;
     const char *env = getenv("SB_CPU");
@@ -183,7 +210,7 @@ static void init(void) {
             if (strcmp(env, level_names[i]) == 0)
                 want = i;
         if (want < 0)
-            sb__log(SB_LOG_WARN, "SB_CPU=%s is not scalar, avx2 or avx512; using %s", env, level_names[cpu_level]);
+            sb__log(SB_LOG_WARN, "SB_CPU=%s is not scalar, avx2, avx512 or amx; using %s", env, level_names[cpu_level]);
         else if (want > (int)cpu_level)
             sb__log(SB_LOG_WARN, "SB_CPU=%s but this CPU runs at most %s; using %s", env, level_names[cpu_level],
                     level_names[cpu_level]);

@@ -132,6 +132,8 @@ void sb__softmax_normalize(int64_t n, float *x);
 #if defined(__x86_64__)
 void sb__kernels_fill_avx2(sb_kernels *k);
 void sb__kernels_fill_avx512(sb_kernels *k);
+/* the AMX level: over a copy of the AVX-512 table */
+void sb__kernels_fill_amx(sb_kernels *k);
 #endif
 
 #endif

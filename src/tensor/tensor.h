@@ -123,11 +123,12 @@ uint16_t sb_fp32_to_bf16(float f);
  * kernels of the type table; only exact integer work is reorganised), so
  * batched and unbatched runs agree and any level can stand in for another.
  * The table is chosen once, at first use, from what the CPU and OS support,
- * capped by the environment variable SB_CPU=scalar|avx2|avx512. */
+ * capped by the environment variable SB_CPU=scalar|avx2|avx512|amx. */
 typedef enum sb_cpu_level {
     SB_CPU_SCALAR, /* the reference kernels, portable C */
     SB_CPU_AVX2,   /* x86-64 AVX2 + FMA + F16C */
     SB_CPU_AVX512, /* the above + AVX-512 F, BW, VL, VNNI */
+    SB_CPU_AMX,    /* the above + GFNI, AMX-TILE, AMX-INT8: K-quant tiles of many tokens */
     SB_CPU_LEVEL_COUNT
 } sb_cpu_level;
 
@@ -216,7 +217,7 @@ typedef struct sb_kernels {
 const sb_kernels *sb_kernels_active(void);
 /* The table of one level, or NULL if this CPU cannot run it (tests, benchmarks). */
 const sb_kernels *sb_kernels_for(sb_cpu_level level);
-/* "scalar", "avx2", "avx512"; "?" for anything else. */
+/* "scalar", "avx2", "avx512", "amx"; "?" for anything else. */
 const char *sb_cpu_level_name(sb_cpu_level level);
 
 typedef struct sb_threadpool sb_threadpool;

@@ -131,7 +131,7 @@ static void test_library_warning_printed(void **state) {
     int rc = sb_test_run_cli(args, &out, &err);
     unsetenv("SB_CPU");
     assert_int_equal(rc, 0);
-    assert_non_null(strstr(err, "switchboard: warning: SB_CPU=sse9 is not scalar, avx2 or avx512; using "));
+    assert_non_null(strstr(err, "switchboard: warning: SB_CPU=sse9 is not scalar, avx2, avx512 or amx; using "));
     free(out);
     free(err);
     free(path);

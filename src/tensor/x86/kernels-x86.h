@@ -1327,6 +1327,9 @@ QB_ENTRIES(iq4_xs, QB_IQ4_XS)
 #undef QB_ENTRIES
 
 #include "tensor/x86/kquants-x86.h"
+#if SBX_AVX512
+#include "tensor/x86/kquants-amx.h"
+#endif
 
 /* ==== gemm driver ======================================================= */
 

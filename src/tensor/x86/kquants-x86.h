@@ -272,6 +272,39 @@ SBX_ALWAYS void kq_unpack(kq_fmt f, bool gfni, const uint8_t *qv, int u, vi wq[6
     }
 }
 
+/* A packed block's scale bytes, after its d (and dmin) in its meta mb. */
+SBX_ALWAYS const uint8_t *kq_scale_bytes(kq_fmt f, const uint8_t *mb) { return mb + (kq_mins(f) ? 4 : 2) * QB_R; }
+
+/* The end of one block of a tile: each token's integer sum isum[t] (a
+ * lane per row) into acc[t] by the reference's one fma per block and row,
+ * and the mins' sum of the formats with mins into accm[t]. mb: the block's
+ * meta (d, dmin, scale bytes); b: its index in the row. */
+SBX_ALWAYS void kq_block_end(kq_fmt f, int T, const uint8_t *mb, const uint8_t *x, size_t xs, const uint8_t *xc,
+                             int64_t b, const vi *isum, vf *acc, vf *accm) {
+    const int n_mins = f == KQ_Q2_K ? 8 : 4;
+    const size_t xb0 = (size_t)b * sizeof(sb_block_q8_K), ct0 = (size_t)b * KQ_TERMS;
+    const vf dw = qk_f16(mb), dmw = kq_mins(f) ? qk_f16(mb + 2 * QB_R) : vf_zero();
+    vi mn[8];
+    if (kq_mins(f))
+        kq_min_pairs(f, kq_scale_bytes(f, mb), mn);
+    for (int t = 0; t < T; t++) {
+        const uint8_t *xb = x + (size_t)t * xs + xb0, *ct = xc + (size_t)t * xs + ct0;
+        float dx;
+        memcpy(&dx, xb, sizeof(dx));
+        const vf vdx = vf_set1(dx);
+        acc[t] = vf_fma(vi_to_vf(isum[t]), vf_mul(dw, vdx), acc[t]);
+        if (kq_mins(f)) {
+            /* pairs of m (16-bit halves) times pairs of sums: Q2_K's
+             * bsums, the others' sums of 32 */
+            const uint8_t *pairs = f == KQ_Q2_K ? xb + offsetof(sb_block_q8_K, bsums) : ct;
+            vi imin = vi_zero();
+            SBX_UNROLL for (int j = 0; j < n_mins; j++)
+                imin = qk_madd(imin, mn[j], vi_set1_32(load_i32(pairs + 4 * j)));
+            accm[t] = vf_fma(vi_to_vf(imin), vf_mul(dmw, vdx), accm[t]);
+        }
+    }
+}
+
 /* T (at most QK_T) tokens against one packed group of QB_R rows:
  * y[t*ldy + r]. x: the tokens' Q8_K rows, xs apart, each followed (at xc) by
  * its terms; m32: Q6_K by 32-bit multiplies; pf: the next group, prefetched
@@ -288,7 +321,7 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
     const size_t qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
     /* loop bounds as constants: a division in a loop's condition gets a
      * UBSan check, and the unroll pragma is lost */
-    const int sub = kq_sub(f), run = kq_run(f, m32), n_mins = f == KQ_Q2_K ? 8 : 4;
+    const int sub = kq_sub(f), run = kq_run(f, m32);
     const uint8_t *meta = w + (size_t)nb * qsz;
     vf acc[QK_T], accm[QK_T];
     for (int t = 0; t < T; t++)
@@ -297,7 +330,7 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
         const uint8_t *qv = w + (size_t)b * qsz, *mb = meta + (size_t)b * msz;
         if (pf)
             prefetch_ahead(pf + (size_t)nb * qsz + (size_t)b * msz, msz);
-        const uint8_t *sb = mb + (kq_mins(f) ? 4 : 2) * QB_R; /* the scale bytes */
+        const uint8_t *sb = kq_scale_bytes(f, mb);
         vi sc[16], isum[QK_T];
         const size_t xb0 = (size_t)b * sizeof(sb_block_q8_K), ct0 = (size_t)b * KQ_TERMS;
         SBX_UNROLL for (int u = 0; u < 4; u++) {
@@ -339,26 +372,7 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
                 isum[t] = vi_add32(part[0], part[1]);
             }
         }
-        const vf dw = qk_f16(mb), dmw = kq_mins(f) ? qk_f16(mb + 2 * QB_R) : vf_zero();
-        vi mn[8];
-        if (kq_mins(f))
-            kq_min_pairs(f, sb, mn);
-        for (int t = 0; t < T; t++) {
-            const uint8_t *xb = x + (size_t)t * xs + xb0, *ct = xc + (size_t)t * xs + ct0;
-            float dx;
-            memcpy(&dx, xb, sizeof(dx));
-            const vf vdx = vf_set1(dx);
-            acc[t] = vf_fma(vi_to_vf(isum[t]), vf_mul(dw, vdx), acc[t]);
-            if (kq_mins(f)) {
-                /* pairs of m (16-bit halves) times pairs of sums: Q2_K's
-                 * bsums, the others' sums of 32 */
-                const uint8_t *pairs = f == KQ_Q2_K ? xb + offsetof(sb_block_q8_K, bsums) : ct;
-                vi imin = vi_zero();
-                SBX_UNROLL for (int j = 0; j < n_mins; j++)
-                    imin = qk_madd(imin, mn[j], vi_set1_32(load_i32(pairs + 4 * j)));
-                accm[t] = vf_fma(vi_to_vf(imin), vf_mul(dmw, vdx), accm[t]);
-            }
-        }
+        kq_block_end(f, T, mb, x, xs, xc, b, isum, acc, accm);
     }
     for (int t = 0; t < T; t++)
         vf_storeu(y + (size_t)t * ldy, kq_mins(f) ? vf_sub(acc[t], accm[t]) : acc[t]);
