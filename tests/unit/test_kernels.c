@@ -281,6 +281,8 @@ static void test_packed_gemm_matches_scalar(void **state) {
                 for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++, checked++)
                     failures += !check_gemm_as(k, ref, (sb_type)type, true, ns[c], p->rows * (1 + (nt + c) % 3), nt);
             failures += !check_gemm_as(k, ref, (sb_type)type, true, 2048, p->rows * 2, 40);
+            /* a prompt: several token blocks of whole tile passes (the AMX level's sweeps), and a rest */
+            failures += !check_gemm_as(k, ref, (sb_type)type, true, 768, p->rows * 2, 600);
         }
     }
     if (checked == 0)

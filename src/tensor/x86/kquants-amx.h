@@ -34,6 +34,8 @@
 
 /* fewest tokens a call must have for the tiles (below, the VNNI tile) */
 #define KQ_AMX_MIN_T 4
+/* passes of T tokens that share one preparation of a block's quants */
+#define KQ_AMX_PASSES 16
 
 /* The tile configuration (LDTILECFG's 64-byte operand, palette 1). */
 typedef struct {
@@ -43,115 +45,136 @@ typedef struct {
 } kq_amx_cfg;
 
 /* GCC's tile intrinsics are asm statements that do not say which memory
- * they read or write: a compiler barrier after the B buffer is written and
- * after C is stored keeps the vector code's stores and loads on the right
- * side of them. */
+ * they read or write: a compiler barrier after the B buffers are written
+ * and after C is stored keeps the vector code's stores and loads on the
+ * right side of them. */
 #define KQ_AMX_FENCE() __asm__ volatile("" ::: "memory")
 
-SBX_ALWAYS int kq_amx_sub(kq_fmt f) { return f == KQ_Q4_K || f == KQ_Q5_K ? 32 : 16; }
-
-static void kq_amx_configure(kq_fmt f, int T) {
+/* Tiles 0, 1 and 5, 6: the two pieces' sums of a pair's two passes (T
+ * rows of 16 int32); 2 and 7: the passes' tokens' bytes of 64 elements (T
+ * rows); 3, 4: the two pieces' quant bytes of those elements (16 rows of
+ * 16 rows' 4 bytes). */
+static void kq_amx_configure(int T) {
     kq_amx_cfg c __attribute__((aligned(64)));
     memset(&c, 0, sizeof(c));
     c.palette = 1;
-    static const int sums[] = {0, 3, 4, 5}, acts[] = {1, 6}, quants[] = {2, 7};
-    for (int i = 0; i < 4; i++) {
-        c.rows[sums[i]] = (uint8_t)T;
-        c.colsb[sums[i]] = 64;
-    }
-    for (int i = 0; i < 2; i++) {
-        c.rows[acts[i]] = (uint8_t)T;
-        c.colsb[acts[i]] = (uint16_t)kq_amx_sub(f);
-        c.rows[quants[i]] = (uint8_t)(kq_amx_sub(f) / 4);
-        c.colsb[quants[i]] = 64;
-    }
+    static const int token_rows[] = {0, 1, 2, 5, 6, 7};
+    for (int i = 0; i < 6; i++)
+        c.rows[token_rows[i]] = (uint8_t)T;
+    c.rows[3] = c.rows[4] = 16;
+    for (int i = 0; i < 8; i++)
+        c.colsb[i] = 64;
     _tile_loadconfig(&c);
 }
 
-/* Sub-block j's scale of the rows, sign-extended to int32 for vpmulld. */
-SBX_ALWAYS vi kq_amx_scale(kq_fmt f, const uint8_t *sb, int j) {
-    const vi v = kq_scale(f, true, sb, j);
-    return f == KQ_Q3_K ? _mm512_srai_epi32(vi_slli32(v, 16), 16) : v;
+/* One block of the group unpacked and scaled into the pieces lo and hi
+ * (64 vectors each, element order): byte q * (sc_j & 7) and q * (sc_j >> 3),
+ * each at most 31 * 7. A 16-bit multiply by the piece in both halves of a
+ * row's dword multiplies its two bytes at once, as neither product carries
+ * out of its byte. */
+SBX_ALWAYS void kq_amx_prepare(kq_fmt f, const uint8_t *qv, const uint8_t *sb, uint8_t *lo, uint8_t *hi,
+                               const uint8_t *pf, size_t pf_bytes) {
+    SBX_UNROLL for (int u = 0; u < 4; u++) {
+        vi wq[64];
+        if (pf)
+            prefetch_ahead(pf + (size_t)u * pf_bytes, pf_bytes);
+        kq_unpack(f, true, qv, u, wq);
+        SBX_UNROLL for (int h = 0; h < 2; h++) {
+            const int j = 2 * u + h; /* the sub-block: vectors 8j.. */
+            const vi sc = kq_scale(f, false, sb, j), sl = vi_and(sc, vi_set1_32(7)), sh = vi_srli32(sc, 3);
+            const vi ml = vi_or(sl, vi_slli32(sl, 16)), mh = vi_or(sh, vi_slli32(sh, 16));
+            SBX_UNROLL for (int k = 8 * j; k < 8 * j + 8; k++) {
+                _mm512_store_si512(lo + 64 * k, _mm512_mullo_epi16(wq[k], ml));
+                _mm512_store_si512(hi + 64 * k, _mm512_mullo_epi16(wq[k], mh));
+            }
+        }
+    }
 }
 
-/* One sub-block's product: C tile c = A tile a (the tokens' bytes of
- * elements q..q+S) x B tile b (the rows' bytes from the buffer), stored to
- * out. Tile numbers are literals in the asm of GCC's intrinsics. */
-#define KQ_AMX_PRODUCT(c, a, b, xq, xs, bq, out)                                                                  \
+/* The products of one block for one pass (tokens at xa; C tiles 0, 1) or
+ * two (also xb; C tiles 5, 6, A tile 7), each the two pieces' sums over
+ * 256 elements (TDPBSUD: signed tokens, unsigned quants), stored at oa and
+ * ob (lo, then hi 256 int32 later). Two passes share each chunk's B tiles,
+ * and their products are independent, so the tile unit overlaps them. */
+#define KQ_AMX_PRODUCTS(two, xa, xb, xs, lo, hi, oa, ob)                                                         \
     do {                                                                                                          \
-        _tile_zero(c);                                                                                            \
-        _tile_loadd(a, xq, (long)(xs));                                                                           \
-        _tile_loadd(b, bq, 64);                                                                                   \
-        _tile_dpbssd(c, a, b);                                                                                    \
-        _tile_stored(c, out, 64);                                                                                 \
+        _tile_zero(0);                                                                                            \
+        _tile_zero(1);                                                                                            \
+        if (two) {                                                                                                \
+            _tile_zero(5);                                                                                        \
+            _tile_zero(6);                                                                                        \
+        }                                                                                                         \
+        for (int c_ = 0; c_ < 4; c_++) {                                                                          \
+            _tile_loadd(3, (lo) + 1024 * c_, 64);                                                                 \
+            _tile_loadd(4, (hi) + 1024 * c_, 64);                                                                 \
+            _tile_loadd(2, (xa) + 64 * c_, (long)(xs));                                                           \
+            _tile_dpbsud(0, 2, 3);                                                                                \
+            _tile_dpbsud(1, 2, 4);                                                                                \
+            if (two) {                                                                                            \
+                _tile_loadd(7, (xb) + 64 * c_, (long)(xs));                                                       \
+                _tile_dpbsud(5, 7, 3);                                                                            \
+                _tile_dpbsud(6, 7, 4);                                                                            \
+            }                                                                                                     \
+        }                                                                                                         \
+        _tile_stored(0, oa, 64);                                                                                  \
+        _tile_stored(1, (oa) + 256, 64);                                                                          \
+        if (two) {                                                                                                \
+            _tile_stored(5, ob, 64);                                                                              \
+            _tile_stored(6, (ob) + 256, 64);                                                                      \
+        }                                                                                                         \
     } while (0)
 
-/* T tokens (the configured count) against one packed group, as kq_tile, a
- * block at a time in three phases: the whole block unpacked into the B
- * buffer (element order: sub-block j is its rows S/4 * j..), every
- * sub-block's product stored, four C tiles in turn so that a product need
- * not wait for the previous one's store, then the sums scaled. A sum is
- * read back only after the other sub-blocks' products were issued: a load
- * that waits on a tile store just made stalls the pipeline. */
-SBX_ALWAYS void kq_amx_tile(kq_fmt f, bool gfni, int T, int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs,
-                            const uint8_t *xc, float *y, size_t ldy, const uint8_t *pf) {
-    const size_t qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
-    const int S = kq_amx_sub(f), NS = SB_QK_K / kq_amx_sub(f);
-    const uint8_t *meta = w + (size_t)nb * qsz;
-    uint8_t bq[64 * 64] __attribute__((aligned(64)));
-    int32_t cs[16][QK_T * 16] __attribute__((aligned(64)));
-    vf acc[QK_T], accm[QK_T];
+/* A pass's block sums, isum = lo + 8 * hi per token (the reference's
+ * integer), through kq_block_end. */
+SBX_ALWAYS void kq_amx_finish(kq_fmt f, int T, const uint8_t *mb, const uint8_t *x, size_t xs, const uint8_t *xc,
+                              int64_t b, const int32_t *sums, vf *acc, vf *accm) {
+    vi isum[QK_T];
     for (int t = 0; t < T; t++)
-        acc[t] = accm[t] = vf_zero();
+        isum[t] = vi_add32(_mm512_load_si512(sums + 16 * t), vi_slli32(_mm512_load_si512(sums + 256 + 16 * t), 3));
+    kq_block_end(f, T, mb, x, xs, xc, b, isum, acc, accm);
+}
+
+/* np passes of T tokens (the configured count; tokens T * p.. in pass p)
+ * against one packed group, two at a time: each block is prepared once for
+ * all passes, and a pair's sums are read back after the next pair's
+ * products are issued (a load that waits on a tile store just made stalls
+ * the pipeline). */
+SBX_ALWAYS void kq_amx_sweep(kq_fmt f, int T, int np, int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs,
+                             const uint8_t *xc, float *y, size_t ldy, const uint8_t *pf) {
+    const size_t qsz = kq_qbytes(f) * QB_R, msz = kq_meta(f) * QB_R;
+    const uint8_t *meta = w + (size_t)nb * qsz;
+    uint8_t lo[64 * 64] __attribute__((aligned(64))), hi[64 * 64] __attribute__((aligned(64)));
+    int32_t sums[2][2][2 * 16 * 16] __attribute__((aligned(64))); /* [pair % 2][pass of the pair] */
+    vf acc[KQ_AMX_PASSES][QK_T], accm[KQ_AMX_PASSES][QK_T];
+    for (int p = 0; p < np; p++)
+        for (int t = 0; t < T; t++)
+            acc[p][t] = accm[p][t] = vf_zero();
+    const size_t pxs = (size_t)T * xs; /* one pass's tokens */
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qv = w + (size_t)b * qsz, *mb = meta + (size_t)b * msz;
         if (pf)
             prefetch_ahead(pf + (size_t)nb * qsz + (size_t)b * msz, msz);
-        const uint8_t *sb = kq_scale_bytes(f, mb);
+        kq_amx_prepare(f, qv, kq_scale_bytes(f, mb), lo, hi, pf ? pf + (size_t)b * qsz : NULL, qsz / 4);
+        KQ_AMX_FENCE();
         const uint8_t *xq = x + (size_t)b * sizeof(sb_block_q8_K) + offsetof(sb_block_q8_K, qs);
-        const uint8_t *ct = xc + (size_t)b * KQ_TERMS;
-        SBX_UNROLL for (int u = 0; u < 4; u++) {
-            vi wq[64];
-            if (pf)
-                prefetch_ahead(pf + (size_t)b * qsz + (size_t)u * (qsz / 4), qsz / 4);
-            kq_unpack(f, gfni, qv, u, wq);
-            SBX_UNROLL for (int i = 0; i < 4; i++) {
-                const int g = kq_unit_group(f, u, i);
-                SBX_UNROLL for (int k = 0; k < 4; k++)
-                    _mm512_store_si512(bq + 64 * (4 * g + k), wq[4 * g + k]);
+        for (int p = 0; p < np + 2; p += 2) {
+            if (p < np) {
+                int32_t *out = sums[p / 2 % 2][0], *out2 = sums[p / 2 % 2][1];
+                KQ_AMX_PRODUCTS(p + 1 < np, xq + (size_t)p * pxs, xq + (size_t)(p + 1) * pxs, xs, lo, hi, out, out2);
+                KQ_AMX_FENCE();
             }
+            for (int q = p - 2; q >= 0 && q < p && q < np; q++) /* the previous pair */
+                kq_amx_finish(f, T, mb, x + (size_t)q * pxs, xs, xc + (size_t)q * pxs, b, sums[q / 2 % 2][q % 2],
+                              acc[q], accm[q]);
         }
-        KQ_AMX_FENCE();
-        for (int j = 0; j < NS; j += 4) {
-            const size_t bj = (size_t)64 * (size_t)(S / 4);
-            KQ_AMX_PRODUCT(0, 1, 2, xq + S * j, xs, bq + bj * (size_t)j, cs[j]);
-            KQ_AMX_PRODUCT(3, 1, 2, xq + S * (j + 1), xs, bq + bj * (size_t)(j + 1), cs[j + 1]);
-            KQ_AMX_PRODUCT(4, 6, 7, xq + S * (j + 2), xs, bq + bj * (size_t)(j + 2), cs[j + 2]);
-            KQ_AMX_PRODUCT(5, 6, 7, xq + S * (j + 3), xs, bq + bj * (size_t)(j + 3), cs[j + 3]);
-        }
-        KQ_AMX_FENCE();
-        vi sc[16], isum[QK_T];
-        SBX_UNROLL for (int j = 0; j < NS; j++)
-            sc[j] = kq_amx_scale(f, sb, j);
-        for (int t = 0; t < T; t++) {
-            vi sum = vi_zero();
-            SBX_UNROLL for (int j = 0; j < NS; j++) {
-                vi s = _mm512_load_si512(cs[j] + 16 * t);
-                if (f == KQ_Q3_K || f == KQ_Q6_K) {
-                    const size_t bias = f == KQ_Q3_K ? KQ_TERMS_BIAS3 : KQ_TERMS_BIAS6_16;
-                    s = vi_add32(s, vi_set1_32(load_i32(ct + (size_t)t * xs + bias + 4 * (size_t)j)));
-                }
-                sum = vi_add32(sum, vi_mullo32(s, sc[j]));
-            }
-            isum[t] = sum;
-        }
-        kq_block_end(f, T, mb, x, xs, xc, b, isum, acc, accm);
     }
-    for (int t = 0; t < T; t++)
-        vf_storeu(y + (size_t)t * ldy, kq_mins(f) ? vf_sub(acc[t], accm[t]) : acc[t]);
+    for (int p = 0; p < np; p++)
+        for (int t = 0; t < T; t++)
+            vf_storeu(y + (size_t)(T * p + t) * ldy, kq_mins(f) ? vf_sub(acc[p][t], accm[p][t]) : acc[p][t]);
 }
 
-/* kq_packed with the passes of the configured token count on the tiles. */
+/* kq_packed with the full passes of the configured token count on the
+ * tiles, KQ_AMX_PASSES at a time, the rest of the tokens on VNNI. */
 SBX_ALWAYS void kq_amx_packed(kq_fmt f, int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv, size_t xs,
                               int64_t nt, float *y, size_t ldy) {
     const int T = nt < QK_T ? (int)nt : QK_T;
@@ -162,22 +185,24 @@ SBX_ALWAYS void kq_amx_packed(kq_fmt f, int64_t n, const void *wv, size_t ws, in
     const uint8_t *w = wv, *x = xv;
     const int64_t nb = n / SB_QK_K;
     const uint8_t *xc = x + (size_t)nb * sizeof(sb_block_q8_K);
-    const int64_t tb = token_block(xs, QK_T);
-    kq_amx_configure(f, T);
+    const int64_t tb = token_block(xs, T * KQ_AMX_PASSES);
+    kq_amx_configure(T);
     for (int64_t t0 = 0; t0 < nt; t0 += tb) {
         const int64_t t1 = t0 + tb < nt ? t0 + tb : nt;
         for (int64_t r = 0; r < nr; r += QB_R) {
             const uint8_t *wr = w + (size_t)r * ws;
-            const bool pf_next = r + QB_R < nr || t1 == nt;
-            for (int64_t t = t0; t < t1; t += QK_T) {
+            const uint8_t *pf = r + QB_R < nr || t1 == nt ? wr + (size_t)QB_R * ws : NULL;
+            for (int64_t t = t0; t < t1;) {
                 const uint8_t *xt = x + (size_t)t * xs, *xct = xc + (size_t)t * xs;
                 float *yt = y + (size_t)t * ldy + (size_t)r;
-                const uint8_t *pf = t == t0 && pf_next ? wr + (size_t)QB_R * ws : NULL;
-                const int tt = t1 - t < QK_T ? (int)(t1 - t) : QK_T;
-                if (tt == T)
-                    kq_amx_tile(f, true, T, nb, wr, xt, xs, xct, yt, ldy, pf);
-                else
-                    kq_tile(f, true, KQ_Q6_M32_BATCHED, tt, nb, wr, xt, xs, xct, yt, ldy, pf);
+                const int64_t np = (t1 - t) / T < KQ_AMX_PASSES ? (t1 - t) / T : KQ_AMX_PASSES;
+                if (np > 0) {
+                    kq_amx_sweep(f, T, (int)np, nb, wr, xt, xs, xct, yt, ldy, t == t0 ? pf : NULL);
+                    t += np * T;
+                } else {
+                    kq_tile(f, true, KQ_Q6_M32_BATCHED, (int)(t1 - t), nb, wr, xt, xs, xct, yt, ldy, NULL);
+                    t = t1;
+                }
             }
         }
     }
