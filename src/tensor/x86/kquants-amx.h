@@ -1,39 +1,41 @@
 /*
- * kquants-amx.h - the K-quant tiles of many tokens on AMX (Intel's tile
- * matrix unit, AMX-INT8: Sapphire Rapids and later), the SB_CPU_AMX level.
- * Included by kernels-x86.h after kquants-x86.h at the AVX-512 level only,
- * whose packed layout, unpacking and block ends these reuse; not a header
- * to include anywhere else.
+ * kquants-amx.h - the Q4_K and Q5_K tiles of many tokens (prompts) on AMX
+ * (Intel's tile matrix unit, AMX-INT8: Sapphire Rapids and later), the
+ * SB_CPU_AMX level. Included by kernels-x86.h after kquants-x86.h at the
+ * AVX-512 level only, whose packed layout, unpacking and block ends these
+ * reuse; not a header to include anywhere else.
  *
- * Why: one TDPBSSD multiplies a tile of up to 16 tokens' activation bytes
- * by 16 rows' quant bytes, 16 x 16 x 64 products in the time the vector
- * unit takes for a few hundred, on a unit of its own. VNNI's tile spends 20
- * multiply-port operations per token, 16 rows and 64 elements; here a
- * sub-block of 16 tokens is one tile product, its 16 sums per token stored
- * and scaled by the rows' sc_j (one vpmulld a token), so the vector unit is
- * left the unpacking and the scaling.
+ * Why: one TDPBSUD multiplies up to 16 tokens' activation bytes by 16
+ * rows' quant bytes over 64 elements, 16 x 16 x 64 products, on a unit of
+ * its own, where VNNI's tile spends 20 multiply-port operations per token,
+ * 16 rows and 64 elements.
  *
  * The packed group is already AMX's B layout: its vector k holds, for each
  * of the 16 rows, the 4 quant bytes of elements 4k..4k+3, which is row k of
- * a B tile whose 16 columns are the weight rows. kq_unpack's vectors (bytes
- * 0..63, so signed bytes too) go to a 1 KB buffer a unit at a time and load
- * as B, one tile a sub-block (S = 32 elements for Q4_K and Q5_K, 16 for the
- * others); A is the tokens' Q8_K bytes of the sub-block, loaded in place
- * (row stride xs). The tile C (tokens x rows, int32) gives each token's
- * sum of the sub-block for every row in one vector, as the VNNI chains do;
- * Q3_K's and Q6_K's bias (-4 and -32 times the sub-block's activation sum)
- * is added to it, and isum[t] += sum * sc_j. Integers are exact, so isum is
- * the reference's, and the block's floats are kq_block_end's.
+ * a B tile whose 16 columns are the weight rows; A is the tokens' Q8_K
+ * bytes, loaded in place (row stride xs), and a row of C (tokens x rows,
+ * int32) is one token's sums for the 16 rows, a vector as the VNNI tile
+ * has them. The sub-block scales sc_j (6 bits) go into B: each block's
+ * quants are unpacked once for up to KQ_AMX_PASSES passes of tokens and
+ * multiplied into two pieces, q * (sc_j & 7) and q * (sc_j >> 3), bytes of
+ * at most 31 * 7 (unsigned B, signed A), so one C tile per piece sums the
+ * whole block and isum = lo + 8 * hi is the reference's integer, with no
+ * per-sub-block stores or multiplies. The block's floats are kq_block_end's.
+ * (A first version stored every sub-block's sums and scaled them by
+ * vpmulld: 1.17x VNNI where this is 1.6-1.8x; Q6_K's signed 8-bit scales
+ * would take four pieces, so Q6_K, and Q2_K and Q3_K, stay on VNNI.)
  *
- * Tiles: 0 = C (T rows of 16 int32), 1 = A (T rows of S bytes), 2 = B (S / 4
- * rows of 64 bytes). The configuration is loaded per call for one T (every
- * full pass of QK_T tokens, or all the tokens of a smaller call), the rest
- * of the tokens go through the VNNI tile, and the tiles are released at the
- * end so that a thread holds AMX state only inside a call.
+ * The configuration is loaded per call for one T (16, or all the tokens of
+ * a smaller call), the rest of the tokens go through the VNNI tile, and the
+ * tiles are released at the end so that a thread holds AMX state only
+ * inside a call.
  */
 
-/* fewest tokens a call must have for the tiles (below, the VNNI tile) */
-#define KQ_AMX_MIN_T 4
+/* fewest tokens a call must have for the tiles: below, the VNNI tile, as
+ * fast at 8 tokens (bench_kernels 768 x 2048 Q4_K: 4 tokens 329 against
+ * 261 GFLOP/s, 8: 411 and 413, 10: 421 and 499), so batched decoding's
+ * steps keep it */
+#define KQ_AMX_MIN_T 9
 /* passes of T tokens that share one preparation of a block's quants */
 #define KQ_AMX_PASSES 16
 
