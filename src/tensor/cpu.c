@@ -145,6 +145,7 @@ static bool detect_amx(void) {
 #endif
 }
 
+
 static sb_cpu_level detect_level(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d))
@@ -167,6 +168,21 @@ static sb_cpu_level detect_level(void) {
 #else
 static sb_cpu_level detect_level(void) { return SB_CPU_SCALAR; }
 #endif
+
+/* Single-token tiles (decoding) prefetch the next group of rows (tens of
+ * KB ahead) into L2 on Intel, where into L1 it is evicted before its use
+ * (AMX VM, 1.1B tg: Q8_0 23.3-23.5 -> 25.4-25.9 t/s, Q4_K_M 38.1-39.3 ->
+ * 42.1-42.9, Q4_0 44.7-45.3 -> 46.9-47.7; batches and the L3-resident 110M
+ * were 2-5% slower so, and keep L1), and into L1 elsewhere, as the Zen 5
+ * VMs were tuned. CPUID leaf 0's vendor string, "GenuineIntel". */
+bool sb__cpu_decode_prefetch_l2(void) {
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e;
+#else
+    return false;
+#endif
+}
 
 /* ---- the tables -------------------------------------------------------- */
 

@@ -126,6 +126,9 @@ void sb__softmax_ref(int64_t n, float *x);
 /* softmax's last step: x[i] * (1 / sum), the sum in double in 8 lanes. */
 void sb__softmax_normalize(int64_t n, float *x);
 
+/* Whether the x86 levels' single-token tiles prefetch into L2 (cpu.c). */
+bool sb__cpu_decode_prefetch_l2(void);
+
 /* ISA levels (x86/kernels-*.c): each overrides, in a table that starts as a
  * copy of the scalar level, the entries it has kernels for. Called once by
  * cpu.c, and only where the CPU runs that level. */

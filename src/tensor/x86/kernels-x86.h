@@ -104,11 +104,21 @@ SBX_ALWAYS uint16_t load_u16(const uint8_t *p) {
 #ifndef SBX_PREFETCH
 #define SBX_PREFETCH 1
 #endif
-SBX_ALWAYS void prefetch_ahead(const uint8_t *p, size_t bytes) {
+/* Whether a single token's tiles (decoding) prefetch into L2 rather than
+ * L1 (sb__cpu_decode_prefetch_l2), set by this level's fill. */
+static bool sbx_decode_l2;
+
+SBX_ALWAYS bool pf_to_l2(int T) { return T == 1 && sbx_decode_l2; }
+
+SBX_ALWAYS void prefetch_ahead(const uint8_t *p, size_t bytes, bool l2) {
     if (!SBX_PREFETCH)
         return;
-    for (size_t o = 0; o < bytes; o += 64)
-        _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+    for (size_t o = 0; o < bytes; o += 64) {
+        if (l2)
+            _mm_prefetch((const char *)p + o, _MM_HINT_T1);
+        else
+            _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+    }
 }
 
 /* ==== float formats ===================================================== */
@@ -791,10 +801,10 @@ SBX_ALWAYS size_t qb_meta(qbf f) { return (qb_min(f) ? 4 : 2) * QB_R; }
 /* Block b of the packed group at pf (its nb blocks of qb quant bytes, then
  * the meta) asked for: its quants, and the meta's line where the block's
  * meta starts one. */
-SBX_ALWAYS void qb_prefetch_packed(qbf f, const uint8_t *pf, int64_t b, int64_t nb, size_t qb) {
-    prefetch_ahead(pf + (size_t)b * qb, qb);
+SBX_ALWAYS void qb_prefetch_packed(qbf f, const uint8_t *pf, int64_t b, int64_t nb, size_t qb, bool l2) {
+    prefetch_ahead(pf + (size_t)b * qb, qb, l2);
     if ((size_t)b * qb_meta(f) % 64 < qb_meta(f))
-        prefetch_ahead(pf + (size_t)nb * qb + (size_t)b * qb_meta(f), 64);
+        prefetch_ahead(pf + (size_t)nb * qb + (size_t)b * qb_meta(f), 64, l2);
 }
 
 /* The QB_R rows' d_w (min: m_w, after them) of block b of the packed group at w. */
@@ -832,14 +842,14 @@ SBX_ALWAYS vf qb_block_acc(qbf f, vf acc, vf *accm, vi s, vf dw, vf mw, const ui
 /* Block b's 8 weight vectors and scales (and mins, into *mw), as the
  * products want them. */
 SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb, const uint8_t *w,
-                            const uint8_t *const *rp, vi rowoff, const uint8_t *pf, vi wq[8], vf *mw) {
+                            const uint8_t *const *rp, vi rowoff, const uint8_t *pf, bool pf_l2, vi wq[8], vf *mw) {
     const size_t o = (size_t)b * qb_wsize(f);
     vi v[8], qh = vi_set1_32(0);
     vf dw;
     if (packed) {
         const size_t qb = qb_packed_q(f);
         if (pf)
-            qb_prefetch_packed(f, pf, b, nb, qb);
+            qb_prefetch_packed(f, pf, b, nb, qb, pf_l2);
         SBX_UNROLL for (int j = 0; j < 4; j++)
             v[j] = vi_load_once(w + (size_t)b * qb + sizeof(vi) * j);
         if (f == QB_Q8_0)
@@ -852,7 +862,7 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
             *mw = qb_packed_scales(f, w, b, nb, qb, true);
     } else {
         if (pf)
-            prefetch_ahead(pf + (size_t)b * QB_R * qb_wsize(f), QB_R * qb_wsize(f));
+            prefetch_ahead(pf + (size_t)b * QB_R * qb_wsize(f), QB_R * qb_wsize(f), pf_l2);
         qb_transpose(rp, o + qb_qs(f), v);
         if (f == QB_Q8_0)
             qb_transpose(rp, o + 18, v + 4);
@@ -915,14 +925,15 @@ SBX_ALWAYS void xs_tile(bool packed, bool gfni, int T, int64_t nb, const uint8_t
         if (packed) {
             const uint8_t *meta = w + (size_t)nb * XS_Q + (size_t)b * XS_META;
             if (pf) {
-                prefetch_ahead(pf + (size_t)b * XS_Q, XS_Q);
-                prefetch_ahead(pf + (size_t)nb * XS_Q + (size_t)b * XS_META, XS_META);
+                prefetch_ahead(pf + (size_t)b * XS_Q, XS_Q, pf_to_l2(T));
+                prefetch_ahead(pf + (size_t)nb * XS_Q + (size_t)b * XS_META, XS_META, pf_to_l2(T));
             }
             dh = vi_loadu(meta);
             sl = vi_loadu(meta + XS_META / 2);
         } else {
             if (pf)
-                prefetch_ahead(pf + (size_t)b * QB_R * sizeof(sb_block_iq4_xs), QB_R * sizeof(sb_block_iq4_xs));
+                prefetch_ahead(pf + (size_t)b * QB_R * sizeof(sb_block_iq4_xs), QB_R * sizeof(sb_block_iq4_xs),
+                               pf_to_l2(T));
             dh = qb_gather(w + o, rowoff);
             sl = qb_gather(w + o + offsetof(sb_block_iq4_xs, scales_l), rowoff);
         }
@@ -1017,7 +1028,7 @@ SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const 
     for (int64_t b = 0; b < nb; b++) {
         vi wq[8];
         vf mw = vf_zero();
-        const vf dw = qb_load_block(f, packed, gfni, b, nb, w, rp, rowoff, pf, wq, &mw);
+        const vf dw = qb_load_block(f, packed, gfni, b, nb, w, rp, rowoff, pf, pf_to_l2(T), wq, &mw);
         /* The tokens' sums are T chains of 8 dependent products each; issued
          * product k of every token, then k + 1, they overlap without relying
          * on the out-of-order window to reach the next token's chain. */
@@ -1065,7 +1076,7 @@ SBX_ALWAYS void qb_tile_pair(qbf f, bool gfni, int T, int64_t nb, const uint8_t 
             acc[g][t] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
         SBX_UNROLL for (int g = 0; g < 2; g++)
-            qb_prefetch_packed(f, pf + g * group, b, nb, qb);
+            qb_prefetch_packed(f, pf + g * group, b, nb, qb, false);
         vi s[2][QB_PAIR_T];
         SBX_UNROLL for (int t = 0; t < T; t++)
             s[0][t] = s[1][t] = qb_sum_start(f, xc + t * xcs, b);
@@ -1684,6 +1695,7 @@ static void softmax_f32(int64_t n, float *x) {
 }
 
 void SBX_FILL(sb_kernels *k) {
+    sbx_decode_l2 = sb__cpu_decode_prefetch_l2();
     k->axpy[SB_TYPE_F32] = axpy_f32;
     k->axpy[SB_TYPE_F16] = axpy_f16;
     k->axpy[SB_TYPE_Q8_0] = axpy_q8_0;

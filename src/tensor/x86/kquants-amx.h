@@ -90,7 +90,7 @@ SBX_ALWAYS void kq_amx_prepare(kq_fmt f, const uint8_t *qv, const uint8_t *sb, u
     SBX_UNROLL for (int u = 0; u < 4; u++) {
         vi wq[64];
         if (pf)
-            prefetch_ahead(pf + (size_t)u * pf_bytes, pf_bytes);
+            prefetch_ahead(pf + (size_t)u * pf_bytes, pf_bytes, false);
         kq_unpack(f, true, qv, u, wq);
         SBX_UNROLL for (int j = 64 * u / sub; j < 64 * (u + 1) / sub; j++) { /* the sub-blocks: vectors sub/4 * j.. */
             const vi sc = kq_scale(f, true, sb, j);
@@ -209,7 +209,7 @@ SBX_ALWAYS void kq_amx_sweep(kq_fmt f, int T, int np, int64_t nb, const uint8_t 
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qv = w + (size_t)b * qsz, *mb = meta + (size_t)b * msz;
         if (pf)
-            prefetch_ahead(pf + (size_t)nb * qsz + (size_t)b * msz, msz);
+            prefetch_ahead(pf + (size_t)nb * qsz + (size_t)b * msz, msz, false);
         kq_amx_prepare(f, qv, kq_scale_bytes(f, mb), bq, pf ? pf + (size_t)b * qsz : NULL, qsz / 4);
         KQ_AMX_FENCE();
         const uint8_t *xq = x + (size_t)b * sizeof(sb_block_q8_K) + offsetof(sb_block_q8_K, qs);

@@ -329,7 +329,7 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qv = w + (size_t)b * qsz, *mb = meta + (size_t)b * msz;
         if (pf)
-            prefetch_ahead(pf + (size_t)nb * qsz + (size_t)b * msz, msz);
+            prefetch_ahead(pf + (size_t)nb * qsz + (size_t)b * msz, msz, pf_to_l2(T));
         const uint8_t *sb = kq_scale_bytes(f, mb);
         vi sc[16], isum[QK_T];
         const size_t xb0 = (size_t)b * sizeof(sb_block_q8_K), ct0 = (size_t)b * KQ_TERMS;
@@ -340,7 +340,7 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
              * stalls the products; spread, they load while these compute
              * (8 tokens from DRAM: Q6_K +47%, Q4_K +20%, Q5_K +34%) */
             if (pf)
-                prefetch_ahead(pf + (size_t)b * qsz + (size_t)u * (qsz / 4), qsz / 4);
+                prefetch_ahead(pf + (size_t)b * qsz + (size_t)u * (qsz / 4), qsz / 4, pf_to_l2(T));
             kq_unpack(f, gfni, qv, u, wq);
             SBX_UNROLL for (int i = 0; i < 4; i += sub / 16) { /* once per sub-block */
                 const int j = 16 * kq_unit_group(f, u, i) / sub;
