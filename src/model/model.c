@@ -187,6 +187,8 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
     sb_free(list);
     if (st == SB_OK && embd_packed)
         m->tok_embd = m->output;
+    if (st == SB_OK)
+        sb_kernels_weights_loaded(total);
     /* What was not copied (norms, unpacked matrices) is read into a private image now. */
     return st == SB_OK ? sb_gguf_fill(m->gguf, err) : st;
 }

@@ -9,6 +9,7 @@
  * still works at every level.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,9 +19,9 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#include <unistd.h>
 #if defined(__linux__)
 #include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 /* ---- scalar level ------------------------------------------------------ */
@@ -170,18 +171,30 @@ static sb_cpu_level detect_level(void) { return SB_CPU_SCALAR; }
 #endif
 
 /* Single-token tiles (decoding) prefetch the next group of rows (tens of
- * KB ahead) into L2 on Intel, where into L1 it is evicted before its use
- * (AMX VM, 1.1B tg: Q8_0 23.3-23.5 -> 25.4-25.9 t/s, Q4_K_M 38.1-39.3 ->
- * 42.1-42.9, Q4_0 44.7-45.3 -> 46.9-47.7; batches and the L3-resident 110M
- * were 2-5% slower so, and keep L1), and into L1 elsewhere, as the Zen 5
- * VMs were tuned. CPUID leaf 0's vendor string, "GenuineIntel". */
-bool sb__cpu_decode_prefetch_l2(void) {
+ * KB ahead) into L2 once a model larger than the last-level cache is
+ * loaded, on Intel: there the L1 copy of weights that stream from DRAM was
+ * evicted before its use (AMX VM, 1.1B tg: Q8_0 23.1/22.5 -> 25.5/24.7
+ * t/s, Q4_K_M 37.0/37.8 -> 41.5/41.7), while a model the L3 holds (110M,
+ * 480 MB L3) decoded 2-10% slower so. Batches keep L1 (3-5% slower into
+ * L2), and so do other CPUs (the Zen 5 VMs were tuned with L1). It only
+ * turns on: a process whose weights outgrew the cache once streams them. */
+atomic_bool sb__decode_prefetch_l2;
+
+static bool cpu_is_intel(void) {
 #if defined(__x86_64__)
-    unsigned a, b, c, d;
+    unsigned a, b, c, d; /* CPUID leaf 0's vendor string, "GenuineIntel" */
     return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e;
 #else
     return false;
 #endif
+}
+
+void sb_kernels_weights_loaded(size_t bytes) {
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (llc <= 0)
+        llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (llc > 0 && bytes > (size_t)llc && cpu_is_intel())
+        atomic_store_explicit(&sb__decode_prefetch_l2, true, memory_order_relaxed);
 }
 
 /* ---- the tables -------------------------------------------------------- */

@@ -11,6 +11,7 @@
 #ifndef SB_TENSOR_IMPL_H
 #define SB_TENSOR_IMPL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -126,8 +127,9 @@ void sb__softmax_ref(int64_t n, float *x);
 /* softmax's last step: x[i] * (1 / sum), the sum in double in 8 lanes. */
 void sb__softmax_normalize(int64_t n, float *x);
 
-/* Whether the x86 levels' single-token tiles prefetch into L2 (cpu.c). */
-bool sb__cpu_decode_prefetch_l2(void);
+/* Whether the x86 levels' single-token tiles prefetch into L2 (cpu.c,
+ * sb_kernels_weights_loaded); read relaxed, a hint. */
+extern atomic_bool sb__decode_prefetch_l2;
 
 /* ISA levels (x86/kernels-*.c): each overrides, in a table that starts as a
  * copy of the scalar level, the entries it has kernels for. Called once by

@@ -215,6 +215,11 @@ typedef struct sb_kernels {
  * and falls back to the best available). Chosen once, thread-safe; the
  * table is static and never changes. */
 const sb_kernels *sb_kernels_active(void);
+/* A model of `bytes` of weights is loaded: where decoding then streams
+ * its weights from DRAM (more than the last-level cache), on Intel, the
+ * single-token kernels prefetch into L2 rather than L1 from then on. A
+ * hint: results are the same either way. */
+void sb_kernels_weights_loaded(size_t bytes);
 /* The table of one level, or NULL if this CPU cannot run it (tests, benchmarks). */
 const sb_kernels *sb_kernels_for(sb_cpu_level level);
 /* "scalar", "avx2", "avx512", "amx"; "?" for anything else. */

@@ -104,11 +104,11 @@ SBX_ALWAYS uint16_t load_u16(const uint8_t *p) {
 #ifndef SBX_PREFETCH
 #define SBX_PREFETCH 1
 #endif
-/* Whether a single token's tiles (decoding) prefetch into L2 rather than
- * L1 (sb__cpu_decode_prefetch_l2), set by this level's fill. */
-static bool sbx_decode_l2;
-
-SBX_ALWAYS bool pf_to_l2(int T) { return T == 1 && sbx_decode_l2; }
+/* Whether a tile of T tokens prefetches into L2 rather than L1: decoding,
+ * once the weights stream from DRAM (sb_kernels_weights_loaded). */
+SBX_ALWAYS bool pf_to_l2(int T) {
+    return T == 1 && atomic_load_explicit(&sb__decode_prefetch_l2, memory_order_relaxed);
+}
 
 SBX_ALWAYS void prefetch_ahead(const uint8_t *p, size_t bytes, bool l2) {
     if (!SBX_PREFETCH)
@@ -1695,7 +1695,6 @@ static void softmax_f32(int64_t n, float *x) {
 }
 
 void SBX_FILL(sb_kernels *k) {
-    sbx_decode_l2 = sb__cpu_decode_prefetch_l2();
     k->axpy[SB_TYPE_F32] = axpy_f32;
     k->axpy[SB_TYPE_F16] = axpy_f16;
     k->axpy[SB_TYPE_Q8_0] = axpy_q8_0;
