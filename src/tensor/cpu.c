@@ -146,7 +146,6 @@ static bool detect_amx(void) {
 #endif
 }
 
-
 static sb_cpu_level detect_level(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d))

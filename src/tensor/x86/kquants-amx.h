@@ -86,20 +86,24 @@ static void kq_amx_configure(kq_fmt f, int T) {
  * 32 takes its odd bytes by a second multiply, of the high bytes alone. */
 SBX_ALWAYS void kq_amx_prepare(kq_fmt f, const uint8_t *qv, const uint8_t *sb, uint8_t *bq, const uint8_t *pf,
                                size_t pf_bytes) {
-    const int sub = f == KQ_Q6_K ? 16 : 32, bits = kq_amx_bits(f);
+    /* loop bounds as constants, no divisions (which get a UBSan check and
+     * lose the unroll pragma): sub-blocks per unit, vectors per sub-block */
+    const int per_unit = f == KQ_Q6_K ? 4 : 2, vecs = f == KQ_Q6_K ? 4 : 8, bits = kq_amx_bits(f);
     SBX_UNROLL for (int u = 0; u < 4; u++) {
         vi wq[64];
         if (pf)
             prefetch_ahead(pf + (size_t)u * pf_bytes, pf_bytes, false);
         kq_unpack(f, true, qv, u, wq);
-        SBX_UNROLL for (int j = 64 * u / sub; j < 64 * (u + 1) / sub; j++) { /* the sub-blocks: vectors sub/4 * j.. */
+        SBX_UNROLL for (int h = 0; h < per_unit; h++) {
+            const int j = per_unit * u + h; /* the sub-block: vectors vecs * j.. */
             const vi sc = kq_scale(f, true, sb, j);
             SBX_UNROLL for (int i = 0; i < kq_amx_pieces(f); i++) {
                 const bool top = i == kq_amx_pieces(f) - 1;
                 const vi pc = top ? _mm512_srai_epi32(sc, bits * i)
                                   : vi_and(vi_srli32(sc, bits * i), vi_set1_32((1 << bits) - 1));
                 const vi m = vi_or(vi_and(pc, vi_set1_32(0xffff)), vi_slli32(pc, 16));
-                SBX_UNROLL for (int k = sub / 4 * j; k < sub / 4 * (j + 1); k++) {
+                SBX_UNROLL for (int e = 0; e < vecs; e++) {
+                    const int k = vecs * j + e;
                     vi v;
                     if (f == KQ_Q6_K) {
                         const vi q = _mm512_sub_epi8(wq[k], vi_set1_8(32));
