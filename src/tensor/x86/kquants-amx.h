@@ -37,8 +37,6 @@
  * tiles win from 32 tokens (16: 346 against 313, 24: 336 against 272, 32:
  * 343 against 402, 512: 326 against 518). */
 SBX_ALWAYS int64_t kq_amx_min_tokens(kq_fmt f) { return f == KQ_Q6_K ? 32 : 9; }
-/* passes of T tokens that share one preparation of a block's quants */
-#define KQ_AMX_PASSES 16
 
 /* The tile configuration (LDTILECFG's 64-byte operand, palette 1). */
 typedef struct {
@@ -236,39 +234,17 @@ SBX_ALWAYS void kq_amx_sweep(kq_fmt f, int T, int np, int64_t nb, const uint8_t 
             vf_storeu(y + (size_t)(T * p + t) * ldy, kq_mins(f) ? vf_sub(acc[p][t], accm[p][t]) : acc[p][t]);
 }
 
-/* kq_packed with the full passes of the configured token count on the
- * tiles, KQ_AMX_PASSES at a time, the rest of the tokens on VNNI. */
+/* kq_packed with the whole passes of T tokens (16, or all of a smaller
+ * call) on the tiles, configured for T, released at the end. */
 SBX_ALWAYS void kq_amx_packed(kq_fmt f, int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv, size_t xs,
                               int64_t nt, float *y, size_t ldy) {
-    const int T = nt < QK_T ? (int)nt : QK_T;
     if (nt < kq_amx_min_tokens(f)) {
-        kq_packed(f, true, n, wv, ws, nr, xv, xs, nt, y, ldy);
+        kq_packed(f, true, 0, n, wv, ws, nr, xv, xs, nt, y, ldy);
         return;
     }
-    const uint8_t *w = wv, *x = xv;
-    const int64_t nb = n / SB_QK_K;
-    const uint8_t *xc = x + (size_t)nb * sizeof(sb_block_q8_K);
-    const int64_t tb = token_block(xs, T * KQ_AMX_PASSES);
+    const int T = nt < QK_T ? (int)nt : QK_T;
     kq_amx_configure(f, T);
-    for (int64_t t0 = 0; t0 < nt; t0 += tb) {
-        const int64_t t1 = t0 + tb < nt ? t0 + tb : nt;
-        for (int64_t r = 0; r < nr; r += QB_R) {
-            const uint8_t *wr = w + (size_t)r * ws;
-            const uint8_t *pf = r + QB_R < nr || t1 == nt ? wr + (size_t)QB_R * ws : NULL;
-            for (int64_t t = t0; t < t1;) {
-                const uint8_t *xt = x + (size_t)t * xs, *xct = xc + (size_t)t * xs;
-                float *yt = y + (size_t)t * ldy + (size_t)r;
-                const int64_t np = (t1 - t) / T < KQ_AMX_PASSES ? (t1 - t) / T : KQ_AMX_PASSES;
-                if (np > 0) {
-                    kq_amx_sweep(f, T, (int)np, nb, wr, xt, xs, xct, yt, ldy, t == t0 ? pf : NULL);
-                    t += np * T;
-                } else {
-                    kq_tile(f, true, KQ_Q6_M32_BATCHED, (int)(t1 - t), nb, wr, xt, xs, xct, yt, ldy, NULL);
-                    t = t1;
-                }
-            }
-        }
-    }
+    kq_packed(f, true, T, n, wv, ws, nr, xv, xs, nt, y, ldy);
     _tile_release();
 }
 

@@ -378,29 +378,54 @@ SBX_ALWAYS void kq_tile(kq_fmt f, bool gfni, bool m32, int T, int64_t nb, const 
         vf_storeu(y + (size_t)t * ldy, kq_mins(f) ? vf_sub(acc[t], accm[t]) : acc[t]);
 }
 
+#if SBX_AVX512
+/* kquants-amx.h's tiles: passes of T tokens, KQ_AMX_PASSES at most per
+ * preparation of a block */
+#define KQ_AMX_PASSES 16
+SBX_ALWAYS void kq_amx_sweep(kq_fmt f, int T, int np, int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs,
+                             const uint8_t *xc, float *y, size_t ldy, const uint8_t *pf);
+#endif
+
 /* Token blocks outer, then groups, then passes of QK_T tokens, as
  * qb_tiles (token_block: 110M Q4_K_M pp512 +13%, 1.1B +4%). Every Q8_K row carries its
- * terms after its blocks. */
-SBX_ALWAYS void kq_packed(kq_fmt f, bool gfni, int64_t n, const void *wv, size_t ws, int64_t nr, const void *xv,
-                          size_t xs, int64_t nt, float *y, size_t ldy) {
+ * terms after its blocks. amx_T (the AMX level, its tiles configured for
+ * that many tokens; 0 elsewhere): the whole passes of amx_T tokens go to
+ * kq_amx_sweep, KQ_AMX_PASSES at a time, the rest to kq_tile. */
+SBX_ALWAYS void kq_packed(kq_fmt f, bool gfni, int amx_T, int64_t n, const void *wv, size_t ws, int64_t nr,
+                          const void *xv, size_t xs, int64_t nt, float *y, size_t ldy) {
     const uint8_t *w = wv, *x = xv;
     const int64_t nb = n / SB_QK_K;
     const uint8_t *xc = x + (size_t)nb * sizeof(sb_block_q8_K);
+#if SBX_AVX512
+    const int64_t tb = token_block(xs, amx_T ? amx_T * KQ_AMX_PASSES : QK_T);
+#else
     const int64_t tb = token_block(xs, QK_T);
+#endif
     for (int64_t t0 = 0; t0 < nt; t0 += tb) {
         const int64_t t1 = t0 + tb < nt ? t0 + tb : nt;
         for (int64_t r = 0; r < nr; r += QB_R) {
             const uint8_t *wr = w + (size_t)r * ws;
             const bool pf_next = r + QB_R < nr || t1 == nt;
-            for (int64_t t = t0; t < t1; t += QK_T) {
+            for (int64_t t = t0; t < t1;) {
                 const uint8_t *xt = x + (size_t)t * xs, *xct = xc + (size_t)t * xs;
                 float *yt = y + (size_t)t * ldy + (size_t)r;
                 const uint8_t *pf = t == t0 && pf_next ? wr + (size_t)QB_R * ws : NULL;
-                if (t1 - t == 1)
+#if SBX_AVX512
+                const int64_t np = amx_T ? SB_MIN((t1 - t) / amx_T, (int64_t)KQ_AMX_PASSES) : 0;
+                if (np > 0) {
+                    kq_amx_sweep(f, amx_T, (int)np, nb, wr, xt, xs, xct, yt, ldy, pf);
+                    t += np * amx_T;
+                    continue;
+                }
+#else
+                (void)amx_T;
+#endif
+                const int tt = t1 - t < QK_T ? (int)(t1 - t) : QK_T;
+                if (tt == 1)
                     kq_tile(f, gfni, false, 1, nb, wr, xt, xs, xct, yt, ldy, pf);
                 else
-                    kq_tile(f, gfni, KQ_Q6_M32_BATCHED, t1 - t < QK_T ? (int)(t1 - t) : QK_T, nb, wr, xt, xs, xct,
-                            yt, ldy, pf);
+                    kq_tile(f, gfni, KQ_Q6_M32_BATCHED, tt, nb, wr, xt, xs, xct, yt, ldy, pf);
+                t += tt;
             }
         }
     }
@@ -582,7 +607,7 @@ static void kq_row_block(kq_fmt f, const void *group, int64_t n_in, int r, int64
 #define KQ_ENTRIES(name, f)                                                                                       \
     static void gemm_##name##_packed(int64_t n, const void *w, size_t ws, int64_t nr, const void *x, size_t xs,  \
                                      int64_t nt, float *y, size_t ldy) {                                          \
-        kq_packed(f, false, n, w, ws, nr, x, xs, nt, y, ldy);                                                    \
+        kq_packed(f, false, 0, n, w, ws, nr, x, xs, nt, y, ldy);                                                    \
     }                                                                                                             \
     static void pack_##name(const void *src, void *dst, int64_t n_in, int64_t n_out) {                          \
         kq_pack(f, src, dst, n_in, n_out);                                                                        \
@@ -593,7 +618,7 @@ static void kq_row_block(kq_fmt f, const void *group, int64_t n_in, int r, int64
 #define KQ_GFNI(name, f)                                                                                          \
     static void gemm_##name##_packed_gfni(int64_t n, const void *w, size_t ws, int64_t nr, const void *x,       \
                                           size_t xs, int64_t nt, float *y, size_t ldy) {                         \
-        kq_packed(f, true, n, w, ws, nr, x, xs, nt, y, ldy);                                                     \
+        kq_packed(f, true, 0, n, w, ws, nr, x, xs, nt, y, ldy);                                                     \
     }
 KQ_ENTRIES(q2_K, KQ_Q2_K)
 KQ_ENTRIES(q3_K, KQ_Q3_K)
