@@ -187,8 +187,10 @@ sb_status sb_model_pack(sb_model *m, sb_error *err) {
     sb_free(list);
     if (st == SB_OK && embd_packed)
         m->tok_embd = m->output;
-    if (st == SB_OK)
+    if (st == SB_OK) {
         sb_kernels_weights_loaded(total);
+        m->counted_bytes = total;
+    }
     /* What was not copied (norms, unpacked matrices) is read into a private image now. */
     return st == SB_OK ? sb_gguf_fill(m->gguf, err) : st;
 }
@@ -273,6 +275,8 @@ sb_status sb__model_load_memory(const void *data, uint64_t size, sb_model **out,
 void sb_model_free(sb_model_t *m) {
     if (!m)
         return;
+    if (m->counted_bytes)
+        sb_kernels_weights_unloaded(m->counted_bytes);
     sb_vocab_free(m->vocab);
     sb_free(m->layers);
     sb_free(m->packed);

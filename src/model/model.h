@@ -107,6 +107,7 @@ struct sb_model {
     sb_layer *layers;      /* n_layer */
     void *packed;          /* the packed matrices and the embedding table's copy (one allocation) */
     size_t packed_bytes;   /* its size */
+    size_t counted_bytes;  /* the weights told to sb_kernels_weights_loaded, to be told unloaded */
     void *reuse;           /* while loading: an earlier model's packed allocation to pack into (owned) */
 };
 

@@ -169,15 +169,16 @@ static sb_cpu_level detect_level(void) {
 static sb_cpu_level detect_level(void) { return SB_CPU_SCALAR; }
 #endif
 
-/* Single-token tiles (decoding) prefetch the next group of rows (tens of
- * KB ahead) into L2 once a model larger than the last-level cache is
- * loaded, on Intel: there the L1 copy of weights that stream from DRAM was
- * evicted before its use (AMX VM, 1.1B tg: Q8_0 23.1/22.5 -> 25.5/24.7
- * t/s, Q4_K_M 37.0/37.8 -> 41.5/41.7), while a model the L3 holds (110M,
- * 480 MB L3) decoded 2-10% slower so. Batches keep L1 (3-5% slower into
- * L2), and so do other CPUs (the Zen 5 VMs were tuned with L1). It only
- * turns on: a process whose weights outgrew the cache once streams them. */
-atomic_bool sb__decode_prefetch_l2;
+/* Single-token tiles (decoding) prefetch differently while a model larger
+ * than the last-level cache is loaded, on Intel (kernels-x86.h, pf_to_l2):
+ * there the L1 copy of the next group of rows (tens of KB ahead) of weights
+ * that stream from DRAM was evicted before its use (AMX VM, 1.1B tg: Q8_0
+ * 23.1/22.5 -> 25.5/24.7 t/s into L2, Q4_K_M 37.0/37.8 -> 41.5/41.7), while
+ * a model the L3 holds (110M, 480 MB L3) decoded 2-10% slower so. Batches
+ * keep L1 (3-5% slower into L2), and so do other CPUs (the Zen 5 VMs were
+ * tuned with L1). A count of such models loaded, so that it ends with the
+ * last one's unloading. */
+atomic_int sb__decode_from_dram;
 
 static bool cpu_is_intel(void) {
 #if defined(__x86_64__)
@@ -188,12 +189,21 @@ static bool cpu_is_intel(void) {
 #endif
 }
 
-void sb_kernels_weights_loaded(size_t bytes) {
+static bool streams_from_dram(size_t bytes) {
     long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     if (llc <= 0)
         llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    if (llc > 0 && bytes > (size_t)llc && cpu_is_intel())
-        atomic_store_explicit(&sb__decode_prefetch_l2, true, memory_order_relaxed);
+    return llc > 0 && bytes > (size_t)llc && cpu_is_intel();
+}
+
+void sb_kernels_weights_loaded(size_t bytes) {
+    if (streams_from_dram(bytes))
+        atomic_fetch_add_explicit(&sb__decode_from_dram, 1, memory_order_relaxed);
+}
+
+void sb_kernels_weights_unloaded(size_t bytes) {
+    if (streams_from_dram(bytes))
+        atomic_fetch_sub_explicit(&sb__decode_from_dram, 1, memory_order_relaxed);
 }
 
 /* ---- the tables -------------------------------------------------------- */

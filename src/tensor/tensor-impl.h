@@ -127,9 +127,10 @@ void sb__softmax_ref(int64_t n, float *x);
 /* softmax's last step: x[i] * (1 / sum), the sum in double in 8 lanes. */
 void sb__softmax_normalize(int64_t n, float *x);
 
-/* Whether the x86 levels' single-token tiles prefetch into L2 (cpu.c,
- * sb_kernels_weights_loaded); read relaxed, a hint. */
-extern atomic_bool sb__decode_prefetch_l2;
+/* How many loaded models stream their weights from DRAM as the x86 levels'
+ * single-token tiles decode them (cpu.c, sb_kernels_weights_loaded); read
+ * relaxed, a hint. */
+extern atomic_int sb__decode_from_dram;
 
 /* ISA levels (x86/kernels-*.c): each overrides, in a table that starts as a
  * copy of the scalar level, the entries it has kernels for. Called once by

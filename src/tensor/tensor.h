@@ -217,9 +217,10 @@ typedef struct sb_kernels {
 const sb_kernels *sb_kernels_active(void);
 /* A model of `bytes` of weights is loaded: where decoding then streams
  * its weights from DRAM (more than the last-level cache), on Intel, the
- * single-token kernels prefetch into L2 rather than L1 from then on. A
- * hint: results are the same either way. */
+ * single-token kernels prefetch for that until it is unloaded (the same
+ * `bytes` to each call). A hint: results are the same either way. */
 void sb_kernels_weights_loaded(size_t bytes);
+void sb_kernels_weights_unloaded(size_t bytes);
 /* The table of one level, or NULL if this CPU cannot run it (tests, benchmarks). */
 const sb_kernels *sb_kernels_for(sb_cpu_level level);
 /* "scalar", "avx2", "avx512", "amx"; "?" for anything else. */

@@ -290,6 +290,25 @@ static void test_packed_gemm_matches_scalar(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* While a model larger than the last-level cache is loaded (on Intel), the
+ * single-token tiles prefetch for weights that stream from DRAM: the same
+ * results, and unloading it ends that. */
+static void test_packed_decode_from_dram(void **state) {
+    (void)state;
+    const int before = atomic_load(&sb__decode_from_dram);
+    sb_kernels_weights_loaded(SIZE_MAX);
+    const sb_kernels *ref = sb_kernels_for(SB_CPU_SCALAR), *simd[SIMD_MAX];
+    int failures = 0;
+    for (int l = 0, n_simd = simd_levels(simd); l < n_simd; l++)
+        for (uint32_t type = 0; type < SB_TYPE_COUNT; type++)
+            if (simd[l]->packing[type].rows > 0)
+                failures += !check_gemm_as(simd[l], ref, (sb_type)type, true, 2048,
+                                           simd[l]->packing[type].rows * 3, 1);
+    sb_kernels_weights_unloaded(SIZE_MAX);
+    assert_int_equal(atomic_load(&sb__decode_from_dram), before);
+    assert_int_equal(failures, 0);
+}
+
 /* A layout packs each group of rows in place of its rows (sb_weight_pack's
  * contract, which lets a load pack a matrix a slice at a time): packing the
  * groups one by one gives the whole matrix's bytes. And its row_block gives
@@ -784,6 +803,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_matches_scalar),
         cmocka_unit_test(test_levels_compared),
         cmocka_unit_test(test_packed_gemm_matches_scalar),
+        cmocka_unit_test(test_packed_decode_from_dram),
         cmocka_unit_test(test_packing_layout),
         cmocka_unit_test(test_gemm_tile_shapes),
     };

@@ -104,10 +104,12 @@ SBX_ALWAYS uint16_t load_u16(const uint8_t *p) {
 #ifndef SBX_PREFETCH
 #define SBX_PREFETCH 1
 #endif
-/* Whether a tile of T tokens prefetches into L2 rather than L1: decoding,
- * once the weights stream from DRAM (sb_kernels_weights_loaded). */
+/* Whether a tile of T tokens is decoding weights that stream from DRAM
+ * (sb_kernels_weights_loaded): then the tiles prefetch the next group into
+ * L2 rather than L1, and Q8_0's its own group's stream QB_PF_NEAR bytes
+ * ahead instead (qb_load_block). */
 SBX_ALWAYS bool pf_to_l2(int T) {
-    return T == 1 && atomic_load_explicit(&sb__decode_prefetch_l2, memory_order_relaxed);
+    return T == 1 && atomic_load_explicit(&sb__decode_from_dram, memory_order_relaxed) > 0;
 }
 
 SBX_ALWAYS void prefetch_ahead(const uint8_t *p, size_t bytes, bool l2) {
@@ -798,6 +800,17 @@ SBX_ALWAYS void qb_nibble_pair(qbf f, vi v, bool gfni, vi *lo, vi *hi) {
 SBX_ALWAYS size_t qb_packed_q(qbf f) { return (f == QB_Q8_0 ? 8 : qb_five(f) ? 5 : 4) * sizeof(vi); }
 SBX_ALWAYS size_t qb_meta(qbf f) { return (qb_min(f) ? 4 : 2) * QB_R; }
 
+/* Decoding Q8_0 weights that stream from DRAM (pf_to_l2), a packed tile
+ * asks for its own group's bytes this far ahead of its loads, into L1, and
+ * not for the next group's into L2: the group, its meta and the next group
+ * are one stream. Intel AMX VM, 1.1B tg64, alternated with the next group
+ * into L2: 26.1-26.8 -> 27.6-28.3 t/s, 18.6-19.4 -> 20.3-21.4 in slower
+ * minutes (512 bytes ahead 27.6-28.1, 2048 27.6-27.9; a read loop over 1
+ * GiB, 2 threads: 31.5 GB/s plain, 36 with 256-1024 bytes ahead, 31 with
+ * 4-16 KB). Q4_0 read 44-47 t/s either way in fast minutes and 2-3% less
+ * so in slow ones; the K-quant tiles lost 7-13%: they keep the next group. */
+#define QB_PF_NEAR 1024
+
 /* Block b of the packed group at pf (its nb blocks of qb quant bytes, then
  * the meta) asked for: its quants, and the meta's line where the block's
  * meta starts one. */
@@ -842,14 +855,16 @@ SBX_ALWAYS vf qb_block_acc(qbf f, vf acc, vf *accm, vi s, vf dw, vf mw, const ui
 /* Block b's 8 weight vectors and scales (and mins, into *mw), as the
  * products want them. */
 SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb, const uint8_t *w,
-                            const uint8_t *const *rp, vi rowoff, const uint8_t *pf, bool pf_l2, vi wq[8], vf *mw) {
+                            const uint8_t *const *rp, vi rowoff, const uint8_t *pf, bool from_dram, vi wq[8], vf *mw) {
     const size_t o = (size_t)b * qb_wsize(f);
     vi v[8], qh = vi_set1_32(0);
     vf dw;
     if (packed) {
         const size_t qb = qb_packed_q(f);
-        if (pf)
-            qb_prefetch_packed(f, pf, b, nb, qb, pf_l2);
+        if (from_dram && f == QB_Q8_0)
+            prefetch_ahead(w + (size_t)b * qb + QB_PF_NEAR, qb, false);
+        else if (pf)
+            qb_prefetch_packed(f, pf, b, nb, qb, from_dram);
         SBX_UNROLL for (int j = 0; j < 4; j++)
             v[j] = vi_load_once(w + (size_t)b * qb + sizeof(vi) * j);
         if (f == QB_Q8_0)
@@ -862,7 +877,7 @@ SBX_ALWAYS vf qb_load_block(qbf f, bool packed, bool gfni, int64_t b, int64_t nb
             *mw = qb_packed_scales(f, w, b, nb, qb, true);
     } else {
         if (pf)
-            prefetch_ahead(pf + (size_t)b * QB_R * qb_wsize(f), QB_R * qb_wsize(f), pf_l2);
+            prefetch_ahead(pf + (size_t)b * QB_R * qb_wsize(f), QB_R * qb_wsize(f), from_dram);
         qb_transpose(rp, o + qb_qs(f), v);
         if (f == QB_Q8_0)
             qb_transpose(rp, o + 18, v + 4);
