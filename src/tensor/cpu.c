@@ -8,6 +8,7 @@
  * entries they have SIMD kernels for, so a type without a SIMD kernel (yet)
  * still works at every level.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -131,7 +132,7 @@ static bool detect_gfni(void) {
 /* AMX-INT8 tiles: CPUID leaf 7 EDX bits 24 (AMX-TILE) and 25 (AMX-INT8),
  * the OS saving the tile state (XCR0 bits 17, 18), and Linux's permission
  * for this process to use it (arch_prctl ARCH_REQ_XCOMP_PERM, once; a
- * kernel that refuses leaves the AVX-512 level). */
+ * kernel that refuses leaves the AVX-512 level, and says so in the log). */
 static bool detect_amx(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1) || !(d >> 25 & 1))
@@ -140,7 +141,11 @@ static bool detect_amx(void) {
         return false;
 #if defined(__linux__)
     enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0)
+        return true;
+    sb__log(SB_LOG_WARN, "the CPU has AMX tiles but the kernel refused this process their state (arch_prctl: %s); "
+                         "running the avx512 level", strerror(errno));
+    return false;
 #else
     return false;
 #endif
