@@ -53,8 +53,10 @@
  * time on its own chunks, scaled to all the loop's chunks, and scaled by the
  * share of the window the caller had a core (a neighbour on the caller's
  * core stretches its chunks too, and alone it would have a core to itself).
- * When the pool was slower, the next SOLO_LOOPS loops, a few tokens' worth,
- * run on the caller alone. (How long the caller waits misleads: a single
+ * When the pool was slower, the next SOLO_LOOPS loops, a few tokens' worth
+ * of decoding, run on the caller alone, for SOLO_NS at most: a prompt's
+ * loops are long, and 2048 of them (110M pp512, five runs) went at half
+ * speed after a neighbour took the worker's core for 0.2 s. (How long the caller waits misleads: a single
  * stream's chunks are short, and a caller that waited a quarter of the time
  * for the worker's hand-offs had still run 1.5-2x faster than alone; the
  * rule "solo above a fifth of the time waiting" sent the ~23 steps after a
@@ -65,6 +67,7 @@
  * sustained neighbour takes the worker's core every scheduler slice. */
 #define WINDOW_NS 50000000
 #define SOLO_LOOPS 2048
+#define SOLO_NS 200000000
 #define IDLE_GAP_NS 1000000
 
 typedef struct worker {
@@ -109,6 +112,7 @@ struct sb_threadpool {
     int64_t last_loop_end_ns;
     pthread_t window_caller; /* whose CPU clock window_start_cpu_ns read */
     int solo_loops;
+    int64_t solo_end_ns; /* when the solo loops end at the latest */
 };
 
 static int64_t clock_ns(clockid_t clock) {
@@ -145,8 +149,10 @@ static void account_loop(sb_threadpool *tp, int64_t n_chunks, int64_t ran, int64
         return;
     double share = (double)(clock_ns(CLOCK_THREAD_CPUTIME_ID) - tp->window_start_cpu_ns) /
                    (double)(t2 - tp->window_start_ns);
-    if ((double)tp->window_total_ns > (double)tp->window_alone_ns * (share < 1 ? share : 1))
+    if ((double)tp->window_total_ns > (double)tp->window_alone_ns * (share < 1 ? share : 1)) {
         tp->solo_loops = SOLO_LOOPS;
+        tp->solo_end_ns = t2 + SOLO_NS;
+    }
     start_window(tp, t2);
 }
 
@@ -345,8 +351,13 @@ void sb_threadpool_for_then(sb_threadpool *tp, int64_t n_first, sb_chunk_fn firs
     n_first = n_first > 0 ? n_first : 0;
     n_chunks = n_chunks > 0 ? n_chunks : 0;
     if (!tp || tp->n_threads == 1 || n_first + n_chunks == 1 || tp->solo_loops > 0) {
-        if (tp && tp->solo_loops > 0 && --tp->solo_loops == 0)
-            start_window(tp, now_ns());
+        if (tp && tp->solo_loops > 0) {
+            const int64_t now = now_ns();
+            if (--tp->solo_loops == 0 || now > tp->solo_end_ns) {
+                tp->solo_loops = 0;
+                start_window(tp, now);
+            }
+        }
         for (int64_t c = 0; c < n_first; c++)
             first(arg, c, 0);
         for (int64_t c = 0; c < n_chunks; c++)

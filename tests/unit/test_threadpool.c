@@ -26,6 +26,7 @@ typedef struct counting {
     int n_threads;
     int64_t slow_chunk; /* this chunk sleeps 20 ms; -1 for none */
     int slow_ith; /* chunks busy for 0.2 ms, this thread's sleeping 2 ms more (a neighbour has its core); 0: none */
+    int busy_us;  /* without slow_ith: every chunk busy this long (a prompt's long chunks) */
     _Atomic int by_thread[8];
     _Atomic int started;        /* chunks started so far */
     int start[1000], ran_on[1000]; /* each chunk's place in the order of starts, and its thread */
@@ -41,12 +42,13 @@ static void count_chunk(void *arg, int64_t chunk, int ith) {
     c->ran_on[chunk] = ith;
     if (chunk == c->slow_chunk)
         nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
-    if (c->slow_ith > 0) {
+    if (c->slow_ith > 0 || c->busy_us > 0) {
+        const long busy_ns = (c->slow_ith > 0 ? 200 : c->busy_us) * 1000L;
         struct timespec t0, t;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         do
             clock_gettime(CLOCK_MONOTONIC, &t);
-        while ((t.tv_sec - t0.tv_sec) * 1000000000L + t.tv_nsec - t0.tv_nsec < 200 * 1000);
+        while ((t.tv_sec - t0.tv_sec) * 1000000000L + t.tv_nsec - t0.tv_nsec < busy_ns);
         if (ith == c->slow_ith)
             nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);
     }
@@ -151,6 +153,20 @@ static void test_slow_chunk_does_not_hold_the_rest(void **state) {
     sb_threadpool_free(tp);
 }
 
+/* One loop of 4 chunks; returns how many the worker (thread 1) ran. */
+static int loop_of_four(sb_threadpool *tp, int slow_ith, int busy_us) {
+    static counting c;
+    memset(&c, 0, sizeof(c));
+    c.n_threads = 2;
+    c.slow_chunk = -1;
+    c.slow_ith = slow_ith;
+    c.busy_us = busy_us;
+    sb_threadpool_for(tp, 4, count_chunk, &c);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(c.hits[i], 1);
+    return c.by_thread[1];
+}
+
 /* Loops that take longer than the caller alone would (0.8 ms for 4 chunks;
  * the worker holds one for 2.2 ms) run on the caller alone once the straggler
  * detector's window (50 ms of loops) has seen it. */
@@ -158,20 +174,32 @@ static void test_slow_worker_sends_loops_to_the_caller(void **state) {
     (void)state;
     sb_threadpool *tp;
     assert_int_equal(sb_threadpool_create(2, &tp, NULL), SB_OK);
-    static counting c;
     int worker_chunks_late = 0;
     for (int loop = 0; loop < 60; loop++) {
-        memset(&c, 0, sizeof(c));
-        c.n_threads = 2;
-        c.slow_chunk = -1;
-        c.slow_ith = 1;
-        sb_threadpool_for(tp, 4, count_chunk, &c);
-        for (int i = 0; i < 4; i++)
-            assert_int_equal(c.hits[i], 1);
+        const int by_worker = loop_of_four(tp, 1, 0);
         if (loop >= 50)
-            worker_chunks_late += c.by_thread[1];
+            worker_chunks_late += by_worker;
     }
     assert_int_equal(worker_chunks_late, 0);
+    sb_threadpool_free(tp);
+}
+
+/* Once the worker is no longer slow, long loops (a prompt's: 4 chunks of 1
+ * ms) are shared again within the solo time (0.2 s), not after its 2048
+ * loops (seconds of them). */
+static void test_solo_loops_end_in_time(void **state) {
+    (void)state;
+    sb_threadpool *tp;
+    assert_int_equal(sb_threadpool_create(2, &tp, NULL), SB_OK);
+    int by_worker = 0;
+    for (int loop = 0; loop < 60; loop++)
+        by_worker = loop_of_four(tp, 1, 0);
+    assert_int_equal(by_worker, 0); /* solo */
+    int shared_at = -1;
+    for (int loop = 0; loop < 200 && shared_at < 0; loop++) /* 0.8 s of loops alone */
+        if (loop_of_four(tp, 0, 1000) > 0)
+            shared_at = loop;
+    assert_true(shared_at > 0);
     sb_threadpool_free(tp);
 }
 
@@ -206,6 +234,7 @@ int main(void) {
         cmocka_unit_test(test_first_phase_finishes_before_the_main_one),
         cmocka_unit_test(test_slow_chunk_does_not_hold_the_rest),
         cmocka_unit_test(test_slow_worker_sends_loops_to_the_caller),
+        cmocka_unit_test(test_solo_loops_end_in_time),
         cmocka_unit_test(test_threads_do_not_change_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
