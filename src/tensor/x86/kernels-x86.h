@@ -1074,13 +1074,16 @@ SBX_ALWAYS void qb_tile(qbf f, bool packed, bool gfni, int T, int64_t nb, const 
  * multiply pipes busy. The integer sums are exact, so their order is
  * free: the same bits as qb_tile. */
 #define QB_PAIR_T 4
-/* Whether a packed call of nt tokens (2..QB_PAIR_T) takes pairs: Q8_0's of
+/* Whether a packed call of nt tokens (1..QB_PAIR_T) takes pairs: Q8_0's of
  * 2 or 3 tokens ran 5-8% slower than single groups (hot, one thread), the
- * nibble formats' faster from 2 tokens on. */
+ * nibble formats' faster from 2 tokens on, and at one token too (110M tg128,
+ * alternated, AMX VM: Q4_0 626-631 -> 641-646 t/s, IQ4_NL 695-696 ->
+ * 707-715; 1.1B Q4_0 from DRAM +0-3%). */
 SBX_ALWAYS bool qb_pair(qbf f, int64_t nt) {
     return f == QB_Q4_0 || f == QB_IQ4_NL || (f == QB_Q8_0 && nt == QB_PAIR_T);
 }
-/* pf: the next pair's rows (or the next chunk's), prefetched as qb_tile's. */
+/* pf: the next pair's rows (or the next chunk's), prefetched as qb_tile's
+ * (decoding from DRAM, into L2). */
 SBX_ALWAYS void qb_tile_pair(qbf f, bool gfni, int T, int64_t nb, const uint8_t *w, size_t ws, const uint8_t *x,
                              size_t xs, const uint8_t *xc, size_t xcs, float *y, size_t ldy, const uint8_t *pf) {
     const size_t qb = qb_packed_q(f), group = (size_t)QB_R * ws;
@@ -1091,7 +1094,7 @@ SBX_ALWAYS void qb_tile_pair(qbf f, bool gfni, int T, int64_t nb, const uint8_t 
             acc[g][t] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
         SBX_UNROLL for (int g = 0; g < 2; g++)
-            qb_prefetch_packed(f, pf + g * group, b, nb, qb, false);
+            qb_prefetch_packed(f, pf + g * group, b, nb, qb, pf_to_l2(T));
         vi s[2][QB_PAIR_T];
         SBX_UNROLL for (int t = 0; t < T; t++)
             s[0][t] = s[1][t] = qb_sum_start(f, xc + t * xcs, b);
@@ -1159,9 +1162,10 @@ SBX_ALWAYS void qb_tiles(qbf f, bool packed, bool gfni, int64_t nb, const uint8_
 #if SBX_AVX512
             /* A call of a few tokens is one token block: the next rows are
              * the next pair's, or the next chunk's. */
-            if (packed && nt > 1 && nt <= QB_PAIR_T && qb_pair(f, nt) && nr - r >= 2 * QB_R) {
+            if (packed && nt <= QB_PAIR_T && qb_pair(f, nt) && nr - r >= 2 * QB_R) {
                 const uint8_t *pf = w + (size_t)(r + 2 * QB_R) * ws;
                 switch (nt) {
+                case 1: qb_tile_pair(f, gfni, 1, nb, w + (size_t)r * ws, ws, x, xs, xc, xcs, y + r, ldy, pf); break;
                 case 2: qb_tile_pair(f, gfni, 2, nb, w + (size_t)r * ws, ws, x, xs, xc, xcs, y + r, ldy, pf); break;
                 case 3: qb_tile_pair(f, gfni, 3, nb, w + (size_t)r * ws, ws, x, xs, xc, xcs, y + r, ldy, pf); break;
                 default: qb_tile_pair(f, gfni, 4, nb, w + (size_t)r * ws, ws, x, xs, xc, xcs, y + r, ldy, pf); break;
