@@ -56,11 +56,12 @@
  * When the pool was slower, the next SOLO_LOOPS loops, a few tokens' worth
  * of decoding, run on the caller alone, for SOLO_NS at most: a prompt's
  * loops are long, and 2048 of them (110M pp512, five runs) went at half
- * speed after a neighbour took the worker's core for 0.2 s. (How long the caller waits misleads: a single
- * stream's chunks are short, and a caller that waited a quarter of the time
- * for the worker's hand-offs had still run 1.5-2x faster than alone; the
- * rule "solo above a fifth of the time waiting" sent the ~23 steps after a
- * single stream's run, a whole batched run, to one thread.)
+ * speed after a neighbour took the worker's core for 0.2 s. (How long the
+ * caller waits misleads: a single stream's chunks are short, and a caller
+ * that waited a quarter of the time for the worker's hand-offs had still
+ * run 1.5-2x faster than alone; the rule "solo above a fifth of the time
+ * waiting" sent the ~23 steps after a single stream's run, a whole batched
+ * run, to one thread.)
  * The window is long in time, not in loops, so that one hiccup (a worker's
  * core taken away for a few milliseconds, as a virtual machine's host or a
  * kernel thread does now and then) does not count as a neighbour: a

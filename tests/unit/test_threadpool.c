@@ -199,7 +199,7 @@ static void test_solo_loops_end_in_time(void **state) {
     for (int loop = 0; loop < 200 && shared_at < 0; loop++) /* 0.8 s of loops alone */
         if (loop_of_four(tp, 0, 1000) > 0)
             shared_at = loop;
-    assert_true(shared_at > 0);
+    assert_true(shared_at >= 0); /* at loop 0 too, if the first phase outlasted the solo time (a loaded host) */
     sb_threadpool_free(tp);
 }
 
