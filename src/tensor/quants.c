@@ -168,12 +168,52 @@ void sb__q5_1_from_float_ref(const float *src, void *dst, int64_t n) { quantize_
  */
 typedef enum { Q8_REF, Q8_ACT } q8_rounding;
 
+/* A quant of each rounding from v = x / d. Beyond (-129, 128), or NaN, the
+ * rounded value leaves int8's range and C leaves its conversion undefined:
+ * 0. Q8_REF's roundf without a call into libm, so that the block's loop
+ * vectorises (with -fno-trapping-math): the conversion truncates, and v
+ * minus its truncation is exact in float, so comparing it with 0.5 is the
+ * rule for ties away from zero. With block_amax, quantizing to Q8_0 takes
+ * 0.18 CPU s where the scalar loops and roundf took 0.62 (110M F16). */
+static inline int8_t q8_quant(q8_rounding mode, float v) {
+    if (mode == Q8_ACT) {
+        const float r = nearbyintf(v);
+        return (int8_t)(r >= -128.0f && r <= 127.0f ? r : 0.0f);
+    }
+    const float in = v > -129.0f && v < 128.0f ? v : 0.0f;
+    const int t = (int)in;
+    const float frac = in - (float)t;
+    const int r = t + (frac >= 0.5f) - (frac <= -0.5f);
+    return (int8_t)(r >= -128 && r <= 127 ? r : 0);
+}
+
+/* The largest |x| of a block as ggml's loop of MAX(amax, fabsf(x)) finds
+ * it. Non-negative floats order as their bit patterns, so without a NaN it
+ * is their integer maximum, which vectorises where that loop is a chain of
+ * dependent compares; with a NaN (bits above infinity's), ggml's loop,
+ * whose answer depends on where the NaN is. */
+static float block_amax(const float *x) {
+    uint32_t top = 0;
+    for (int e = 0; e < SB_QK; e++) {
+        uint32_t bits;
+        memcpy(&bits, &x[e], sizeof(bits));
+        bits &= 0x7fffffffu;
+        top = top > bits ? top : bits;
+    }
+    float amax = 0.0f;
+    if (top <= 0x7f800000u) {
+        memcpy(&amax, &top, sizeof(amax));
+        return amax;
+    }
+    for (int e = 0; e < SB_QK; e++)
+        amax = SB_MAX(amax, fabsf(x[e]));
+    return amax;
+}
+
 static void quantize_q8(const sb__qfmt *f, q8_rounding mode, const float *src, void *dst, int64_t n) {
     uint8_t *blk = dst;
     for (int64_t b = 0; b < n / SB_QK; b++, blk += f->size, src += SB_QK) {
-        float amax = 0.0f;
-        for (int e = 0; e < SB_QK; e++)
-            amax = SB_MAX(amax, fabsf(src[e]));
+        const float amax = block_amax(src);
         const float d = amax / 127.0f;
         float id;
         if (mode == Q8_REF)
@@ -185,13 +225,14 @@ static void quantize_q8(const sb__qfmt *f, q8_rounding mode, const float *src, v
          * conversion of such values to int undefined, so spell it out: 0. */
         if (!isfinite(id))
             id = 0.0f;
-        int8_t *qs = (int8_t *)(blk + f->off_qs);
+        /* into a local array first: stores through int8_t may alias src */
+        int8_t qs[SB_QK];
         int sum = 0;
-        for (int e = 0; e < SB_QK; e++) {
-            const float r = mode == Q8_REF ? roundf(src[e] * id) : nearbyintf(src[e] * id);
-            qs[e] = (int8_t)(r >= -128.0f && r <= 127.0f ? r : 0.0f);
+        for (int e = 0; e < SB_QK; e++)
+            qs[e] = q8_quant(mode, src[e] * id);
+        for (int e = 0; e < SB_QK; e++)
             sum += qs[e];
-        }
+        memcpy(blk + f->off_qs, qs, SB_QK);
         sb__put_f16(blk, d);
         if (f->has_sum)
             sb__put_f16(blk + 2, (float)sum * d);

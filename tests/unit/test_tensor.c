@@ -394,6 +394,57 @@ static void test_q8_rounding(void **state) {
         assert_int_equal(b0[i], 0);
 }
 
+/* ggml's quantize_row_q8_0_ref for one block, as a plain loop: amax by
+ * MAX over fabsf in order (so a NaN counts only where it is), roundf, and a
+ * quant outside int8 (or of a NaN) as 0. */
+static void q8_0_block_spec(const float *x, uint8_t out[34]) {
+    float amax = 0.0f;
+    for (int e = 0; e < 32; e++)
+        amax = amax > fabsf(x[e]) ? amax : fabsf(x[e]);
+    const float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (!isfinite(id))
+        id = 0.0f;
+    const uint16_t h = sb_fp32_to_fp16(d);
+    memcpy(out, &h, sizeof(h));
+    for (int e = 0; e < 32; e++) {
+        const float r = roundf(x[e] * id);
+        out[2 + e] = (uint8_t)(int8_t)(r >= -128.0f && r <= 127.0f ? r : 0.0f);
+    }
+}
+
+/* The vectorised Q8_0 quantizer (its own roundf and amax) gives the plain
+ * loop's bytes beside ties and on blocks with NaN or infinities. */
+static void test_q8_0_edges_match_plain_loop(void **state) {
+    (void)state;
+    enum { CASES = 8 };
+    static const float near_ties[] = {127.0f, 0.49999997f, 126.5f, -126.5f, 1.4999999f, 1.5f, -2.4999998f,
+                                      -2.5f, -126.49999f, -0.5f, 0.50000006f, 64.5f}; /* amax 127: d = 1 */
+    for (int c = 0; c < CASES; c++) {
+        float x[32];
+        uint8_t got[34], want[34];
+        for (int e = 0; e < 32; e++)
+            x[e] = rng_float() * 3.0f;
+        if (c == 0)
+            memcpy(x, near_ties, sizeof(near_ties));
+        const int at[CASES] = {-1, 0, 17, 31, 3, 9, 30, -1};
+        if (c >= 1 && c <= 3)
+            x[at[c]] = NAN;
+        if (c == 4 || c == 5)
+            x[at[c]] = c == 4 ? INFINITY : -INFINITY;
+        if (c == 6) {
+            x[2] = INFINITY;
+            x[at[c]] = NAN;
+        }
+        for (int e = 0; c == 7 && e < 32; e++)
+            x[e] *= 1e-39f; /* 1 / d overflows */
+        q8_0_block_spec(x, want);
+        traits(SB_TYPE_Q8_0)->from_float(x, got, 32);
+        if (memcmp(got, want, sizeof(got)) != 0)
+            fail_msg("case %d: the quantizer's block differs from the plain loop's", c);
+    }
+}
+
 /* ---- block formats: random round trips -------------------------------- */
 
 /* Largest error quantization may leave in a block, from its range: half a
@@ -830,6 +881,7 @@ int main(void) {
         cmocka_unit_test(test_q4_1_known),
         cmocka_unit_test(test_q5_known),
         cmocka_unit_test(test_q8_rounding),
+        cmocka_unit_test(test_q8_0_edges_match_plain_loop),
         cmocka_unit_test(test_round_trip_all_types),
         cmocka_unit_test(test_q8_1_sum),
         cmocka_unit_test(test_vec_dot_known),
